@@ -1,0 +1,34 @@
+# `make test` and `make demo` bootstrap .venv themselves on a fresh machine.
+# torch is pinned to the local CPU wheel; override with e.g. `make test TORCH=torch`.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   ?= /tmp/mmreplay-demo
+
+.PHONY: venv test demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(BIN)/python examples/quickstart.py $(DEMO)
+	$(BIN)/mmreplay info $(DEMO)
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,61 @@
+"""mmreplay: a memory-mapped, persistent, crash-safe replay store for reinforcement learning.
+
+``import mmreplay`` loads numpy only; zarr, torch, gymnasium and click are imported lazily by
+the modules that need them.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    CorruptSegmentError,
+    CorruptStoreError,
+    DiskFullError,
+    EmptyStoreError,
+    FormatVersionError,
+    InvalidValueError,
+    MMReplayError,
+    ReadOnlyStoreError,
+    SchemaError,
+    StoreClosedError,
+    StoreExistsError,
+    StoreFullError,
+    StoreLockedError,
+    StoreNotFoundError,
+    WriterBusyError,
+    WriterFailedError,
+)
+from .sampler import UniformSampler  # noqa: E402
+from .schema import Field, Schema  # noqa: E402
+from .store import ReplayStore, create_store, open_store  # noqa: E402
+from .view import TransitionBatch  # noqa: E402
+from .writer import Writer  # noqa: E402
+
+__all__ = [
+    "CorruptSegmentError",
+    "CorruptStoreError",
+    "DiskFullError",
+    "EmptyStoreError",
+    "Field",
+    "FormatVersionError",
+    "InvalidValueError",
+    "MMReplayError",
+    "ReadOnlyStoreError",
+    "ReplayStore",
+    "Schema",
+    "SchemaError",
+    "StoreClosedError",
+    "StoreExistsError",
+    "StoreFullError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "TransitionBatch",
+    "UniformSampler",
+    "Writer",
+    "WriterBusyError",
+    "WriterFailedError",
+    "__version__",
+    "create_store",
+    "open_store",
+]

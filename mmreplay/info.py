@@ -1,0 +1,55 @@
+"""Store statistics for ``ReplayStore.info()`` and ``mmreplay info`` (plain data, no printing)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._format import STATE_NAMES
+
+if TYPE_CHECKING:
+    from .store import ReplayStore
+
+
+def store_info(store: ReplayStore) -> dict[str, Any]:
+    store.refresh()
+    r = store.reader
+    s = r.snapshot
+    segs = sorted(r.segments.values(), key=lambda m: m.header.segment_id)
+    transitions = 0
+    episodes = 0
+    for k, m in enumerate(segs):
+        transitions += int(store.valid_transition_mask(k).sum())
+        episodes += int(r.is_last[m.window, : m.committed].sum())
+    disk = 0
+    with os.scandir(store.segments_dir) as it:
+        for e in it:
+            disk += e.stat().st_blocks * 512
+    writers = sorted({m.header.writer_id for m in segs})
+    try:
+        stats = json.loads((store.path / "stats.json").read_text())
+    except (FileNotFoundError, ValueError):
+        stats = {}
+    return {
+        "path": str(store.path),
+        "store_uuid": store.store_uuid.hex(),
+        "schema": [{"name": f.name, "dtype": str(f.dtype), "shape": list(f.shape)} for f in store.schema.fields],
+        "rows": int(s.total_rows),
+        "transitions": transitions,
+        "episodes": episodes,
+        "capacity": store.capacity,
+        "segment_records": store.segment_records,
+        "segments": len(segs),
+        "segments_open": sum(1 for m in segs if STATE_NAMES.get(m.state) == "open"),
+        "segment_bytes": store.layout.file_size,
+        "bytes_on_disk": disk,
+        "writers": writers,
+        "evicted_segments": int(stats.get("evicted_segments", 0)),
+        "unreadable_segments": dict(r.skipped),
+        "metadata": store.metadata,
+        "created_at": store.manifest.get("created_at"),
+        "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
+    }

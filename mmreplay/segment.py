@@ -1,0 +1,174 @@
+"""Segment: one fixed-size, preallocated, memory-mapped file written by exactly one writer session.
+
+Invariants kept here:
+
+* a segment file is created as a hidden ``.tmp``, ``posix_fallocate``d to its full size, given
+  its header and first control slot, fsynced, then renamed into place (and the directory
+  fsynced): a reader never sees a half-made segment, and a full disk is a ``DiskFullError``;
+* a file is never truncated nor reused: eviction renames it to ``.deleted`` and unlinks it, so a
+  reader still mapping it keeps reading valid bytes;
+* ``open_segment_file`` checks magic, version, header crc, store uuid, schema hash and the file
+  size **before** mapping, so a short or foreign file is an error, never a SIGBUS;
+* publishing writes the control slot not written last, so a torn control write leaves the
+  previous, valid one.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._format import (
+    CONTROL_OFFSET,
+    CONTROL_SLOT_SIZE,
+    IS_LAST,
+    PAGE_SIZE,
+    STAMPS,
+    STATE_OPEN,
+    Control,
+    Header,
+    Layout,
+    read_control,
+)
+from ._fs import fallocate, fsync_dir
+from .errors import CorruptSegmentError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_NAME = re.compile(r"^(\d{13})-w(\d{3,})\.seg$")
+
+
+def segment_name(segment_id: int, writer_id: int) -> str:
+    return f"{segment_id:013d}-w{writer_id:03d}.seg"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def read_segment_meta(fd: int, path: object, layout: Layout, store_uuid: bytes, schema_hash: int) -> tuple[Header, Control | None]:
+    """Read and check a segment's header and control page through ``fd`` (no mapping)."""
+    size = os.fstat(fd).st_size
+    buf = os.pread(fd, 2 * PAGE_SIZE, 0)
+    header = Header.unpack(buf, path)
+    if header.store_uuid != store_uuid:
+        raise CorruptSegmentError(f"{path}: store_uuid mismatch (segment of another store)")
+    if header.schema_hash != schema_hash:
+        raise CorruptSegmentError(f"{path}: schema hash mismatch (segment of another schema)")
+    if header.segment_records != layout.segment_records or header.file_size != layout.file_size:
+        raise CorruptSegmentError(
+            f"{path}: layout mismatch: {header.segment_records} records / {header.file_size} bytes, "
+            f"store expects {layout.segment_records} / {layout.file_size}"
+        )
+    if size < header.file_size:
+        raise CorruptSegmentError(f"{path}: file is {size} bytes, header says {header.file_size} (truncated)")
+    if not 0 < header.lanes <= header.usable_records <= header.segment_records:
+        raise CorruptSegmentError(f"{path}: header has lanes={header.lanes}, usable={header.usable_records}")
+    control, _ = read_control(buf[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE])
+    return header, control
+
+
+class Segment:
+    """A segment mapped read-write: the writer's (or recovery's) handle on one file."""
+
+    def __init__(self, path: Path, fd: int, header: Header, layout: Layout, control: Control, slot: int) -> None:
+        self.path = path
+        self.header = header
+        self.layout = layout
+        self._fd = fd
+        self.mm = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.control = control
+        self._slot = slot  # index of the control slot holding ``control``
+        self.columns: dict[str, np.ndarray] = {
+            c.name: np.ndarray((layout.segment_records, *c.shape), c.dtype, buffer=self.mm, offset=c.offset)
+            for c in layout.columns
+        }
+        self.stamps = self.columns.pop(STAMPS)
+        self.is_last = self.columns.pop(IS_LAST)
+        self.view = memoryview(self.mm)
+
+    # -- creation -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, directory: Path, header: Header, layout: Layout) -> Segment:
+        """Create, preallocate, stamp and publish a new empty OPEN segment file."""
+        name = segment_name(header.segment_id, header.writer_id)
+        tmp = directory / f".{name}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fallocate(fd, layout.file_size, directory / name)
+            os.pwrite(fd, header.pack(), 0)
+            os.pwrite(fd, Control(1, 0, 0, STATE_OPEN).pack(), CONTROL_OFFSET)
+            os.fsync(fd)
+            os.rename(tmp, directory / name)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(directory)
+        return cls(directory / name, fd, header, layout, Control(1, 0, 0, STATE_OPEN), 0)
+
+    @classmethod
+    def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int) -> Segment:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            header, control = read_segment_meta(fd, path, layout, store_uuid, schema_hash)
+            buf = os.pread(fd, 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
+            _, slot = read_control(buf)
+            return cls(path, fd, header, layout, control or Control(0, 0, 0, STATE_OPEN), slot)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # -- control --------------------------------------------------------------------------
+    def publish(self, committed: int, synced: int | None = None, state: int | None = None, seal_crc: int | None = None) -> None:
+        """Write the next control slot: makes rows ``< committed`` visible to readers."""
+        c = self.control
+        new = Control(
+            c.version + 1,
+            committed,
+            c.synced if synced is None else synced,
+            c.state if state is None else state,
+            c.seal_crc if seal_crc is None else seal_crc,
+        )
+        slot = 1 - self._slot
+        off = CONTROL_OFFSET + slot * CONTROL_SLOT_SIZE
+        self.mm[off : off + CONTROL_SLOT_SIZE] = new.pack()
+        self.control, self._slot = new, slot
+
+    def sync_rows(self, start: int, stop: int) -> None:
+        """msync the payload, flags and stamps of rows ``[start, stop)`` (before publishing them as synced)."""
+        if stop <= start:
+            return
+        for c in self.layout.columns:
+            if c.row_bytes == 0:
+                continue
+            lo = (c.offset + start * c.row_bytes) // PAGE_SIZE * PAGE_SIZE
+            hi = c.offset + stop * c.row_bytes
+            self.mm.flush(lo, hi - lo)
+
+    def sync_control(self) -> None:
+        self.mm.flush(CONTROL_OFFSET, PAGE_SIZE)
+
+    def close(self, *, fdatasync: bool = False) -> None:
+        if self._fd < 0:
+            return
+        self.columns.clear()
+        del self.stamps, self.is_last
+        self.view.release()
+        if fdatasync:
+            self.mm.flush()
+            os.fdatasync(self._fd)
+        self.mm.close()
+        os.close(self._fd)
+        self._fd = -1
+
+
+def now_ns() -> int:
+    return time.time_ns()
