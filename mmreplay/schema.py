@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -80,6 +81,10 @@ class Schema:
 
     fields: tuple[Field, ...]
     """The fields, in storage order."""
+    _specs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int, bool], ...] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    _names: frozenset[str] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __init__(self, fields: Iterable[Field]) -> None:
         fs = tuple(fields)
@@ -92,6 +97,9 @@ class Schema:
         if not fs:
             raise SchemaError("a schema needs at least one field")
         object.__setattr__(self, "fields", fs)
+        specs = tuple((f.name, f.dtype, f.shape, len(f.shape), f.dtype.kind in "fc") for f in fs)
+        object.__setattr__(self, "_specs", specs)
+        object.__setattr__(self, "_names", frozenset(names))
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -206,38 +214,37 @@ class Schema:
         ``None`` it is taken from the first field and must be the same for every field. Nothing
         is modified; raises ``SchemaError`` or ``InvalidValueError`` naming the field.
         """
-        keys = batch.keys()
-        if len(keys) != len(self.fields) or any(k not in keys for k in self.names):
-            missing = [n for n in self.names if n not in keys]
-            extra = [k for k in keys if k not in self]
+        if len(batch) != len(self._specs) or not self._names.issuperset(batch):
+            missing = [n for n in self.names if n not in batch]
+            extra = [k for k in batch if k not in self._names]
             raise SchemaError(f"batch fields do not match the schema: missing {missing}, unexpected {extra}")
         out: dict[str, np.ndarray] = {}
-        for f in self.fields:
-            x = batch[f.name]
+        for name, dtype, shape, nshape, floating in self._specs:
+            x = batch[name]
             if type(x) is not np.ndarray:
                 x = np.asarray(x)
-            if x.dtype != f.dtype:
-                x = _cast(f, x, cast)
-            nd = x.ndim - len(f.shape)
-            if nd < 0 or x.shape[nd:] != f.shape:
+            if x.dtype != dtype:
+                x = _cast(self[name], x, cast)
+            nd = x.ndim - nshape
+            if nd < 0 or (nshape and x.shape[nd:] != shape):
                 raise SchemaError(
-                    f"field {f.name!r}: expected shape (*batch, {', '.join(map(str, f.shape))}) "
-                    f"with trailing {f.shape}, got {x.shape}"
+                    f"field {name!r}: expected shape (*batch, {', '.join(map(str, shape))}) "
+                    f"with trailing {shape}, got {x.shape}"
                 )
-            got_lead = x.shape[:nd]
+            got_lead = x.shape[:nd] if nshape else x.shape
             if lead is None:
                 lead = got_lead
             elif got_lead != lead:
-                raise SchemaError(f"field {f.name!r}: expected leading shape {lead}, got {got_lead} (shape {x.shape})")
-            if nonfinite != "allow" and f.dtype.kind in "fc" and not _all_finite(x):
+                raise SchemaError(f"field {name!r}: expected leading shape {lead}, got {got_lead} (shape {x.shape})")
+            if floating and nonfinite != "allow" and not _all_finite(x):
                 bad = np.argwhere(~np.isfinite(x))[0]
-                msg = f"field {f.name!r} has a non-finite value {x[tuple(bad)]!r} at index {tuple(int(i) for i in bad)}"
+                msg = f"field {name!r} has a non-finite value {x[tuple(bad)]!r} at index {tuple(int(i) for i in bad)}"
                 if nonfinite == "error":
                     raise InvalidValueError(msg + "; nothing was written")
                 import logging
 
                 logging.getLogger(__name__).warning("%s (written, nonfinite='warn')", msg)
-            out[f.name] = x
+            out[name] = x
         assert lead is not None
         return out, lead
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ import numpy as np
 from ._format import (
     CONTROL_OFFSET,
     CONTROL_SLOT_SIZE,
+    DATA_OFFSET as DATA_OFFSET_PAGE,
     IS_LAST,
     PAGE_SIZE,
     STAMPS,
@@ -35,7 +37,7 @@ from ._format import (
     Layout,
     read_control,
 )
-from ._fs import fallocate, fsync_dir
+from ._fs import fallocate, fsync_dir, populate_write
 from .errors import CorruptSegmentError
 
 if TYPE_CHECKING:
@@ -92,7 +94,11 @@ class Segment:
         }
         self.stamps = self.columns.pop(STAMPS)
         self.is_last = self.columns.pop(IS_LAST)
+        self.stamp_seq = self.stamps["seq"]
+        self.stamp_crc = self.stamps["crc"]
+        self.stamp_glen = self.stamps["glen"]
         self.view = memoryview(self.mm)
+        self._populator: threading.Thread | None = None
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -112,7 +118,23 @@ class Segment:
             tmp.unlink(missing_ok=True)
             raise
         fsync_dir(directory)
-        return cls(directory / name, fd, header, layout, Control(1, 0, 0, STATE_OPEN), 0)
+        seg = cls(directory / name, fd, header, layout, Control(1, 0, 0, STATE_OPEN), 0)
+        seg._start_populate()
+        return seg
+
+    def _start_populate(self) -> None:
+        """Pre-fault the data pages writable in a background thread (the kernel work of
+        allocating page-cache pages then runs beside the writer instead of in its page faults)."""
+        self._stop_populate = threading.Event()
+
+        def run() -> None:
+            chunk = 4 << 20
+            for off in range(DATA_OFFSET_PAGE, self.layout.file_size, chunk):
+                if self._stop_populate.is_set() or not populate_write(self.mm, off, min(chunk, self.layout.file_size - off)):
+                    return
+
+        self._populator = threading.Thread(target=run, name=f"mmreplay-populate-{self.header.segment_id}", daemon=True)
+        self._populator.start()
 
     @classmethod
     def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int) -> Segment:
@@ -159,8 +181,12 @@ class Segment:
     def close(self, *, fdatasync: bool = False) -> None:
         if self._fd < 0:
             return
+        if self._populator is not None:
+            self._stop_populate.set()
+            self._populator.join()
+            self._populator = None
         self.columns.clear()
-        del self.stamps, self.is_last
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_crc, self.stamp_glen
         self.view.release()
         if fdatasync:
             self.mm.flush()

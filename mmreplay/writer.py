@@ -64,7 +64,7 @@ class Writer:
         store = mmreplay.create_store(path, mmreplay.Schema.from_spaces(
             envs.single_observation_space, envs.single_action_space))
         obs, _ = envs.reset(seed=0)
-        with store.writer(lanes=envs.num_envs) as w:
+        with store.writer(lanes=envs.num_envs, cast="safe") as w:
             for _ in range(1000):
                 action = envs.action_space.sample()
                 next_obs, reward, terminated, truncated, _ = envs.step(action)
@@ -240,6 +240,8 @@ class Writer:
             self._prev_done = done[-1].copy()
         else:
             is_last = np.zeros((T, self.lanes), np.bool_)
+        if lead is None:
+            arrays = {name: a.reshape(rows, *a.shape[2:]) for name, a in arrays.items()}
         self._write(arrays, is_last.reshape(rows), rows)
 
     def _append_last(self, last_obs: Any) -> None:
@@ -258,14 +260,14 @@ class Writer:
         self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)
         self._prev_done[:] = False
 
-    def _write(self, arrays: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
+    def _write(self, flat: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
+        """Write ``rows`` rows (every array has leading dimension ``rows``) and publish them."""
         # allocate every segment this batch needs before writing a byte of it
         free = self.usable - self._n if self._seg is not None else 0
         need = 0 if rows <= free else -(-(rows - free) // self.usable)
         first_chain = self._chain + 1 if self._seg is not None else self._chain
         while len(self._spare) < need:
             self._spare.append(self._new_segment(first_chain + len(self._spare)))
-        flat = {name: a.reshape(rows, *a.shape[a.ndim - len(self.schema[name].shape):]) for name, a in arrays.items()}
         pos = 0
         try:
             while pos < rows:
@@ -284,10 +286,10 @@ class Writer:
         assert seg is not None
         n = self._n
         cols = seg.columns
-        if k == 1:
+        if pos == 0 and k == len(is_last):
             for name, x in flat.items():
-                cols[name][n] = x[pos]
-            seg.is_last[n] = is_last[pos]
+                cols[name][n : n + k] = x
+            seg.is_last[n : n + k] = is_last
         else:
             for name, x in flat.items():
                 cols[name][n : n + k] = x[pos : pos + k]
@@ -297,13 +299,14 @@ class Writer:
         view = seg.view
         for c in self.layout.payload_columns:
             crc = _extend(view[c.offset + n * c.row_bytes : c.offset + (n + k) * c.row_bytes], crc)
-        st = seg.stamps
         if k == 1:
-            st[n] = (seq0 + 1, crc, 1)
+            seg.stamp_seq[n] = seq0 + 1
+            seg.stamp_crc[n] = crc
+            seg.stamp_glen[n] = 1
         else:
-            st["seq"][n : n + k] = np.arange(seq0 + 1, seq0 + k + 1, dtype=np.uint64)
-            st["crc"][n : n + k] = crc
-            st["glen"][n : n + k] = k
+            seg.stamp_seq[n : n + k] = np.arange(seq0 + 1, seq0 + k + 1, dtype=np.uint64)
+            seg.stamp_crc[n : n + k] = crc
+            seg.stamp_glen[n : n + k] = k
         self.rows_written = seq0 + k
         self._n = n + k
         if self.durability == "batch":

@@ -1,0 +1,78 @@
+"""``mmreplay`` commands. Each parses options, calls one library function and prints.
+
+torch and gymnasium are imported inside the commands that need them, so ``mmreplay --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+import mmreplay
+
+from ._errors import friendly
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(mmreplay.__version__, prog_name="mmreplay")
+def main() -> None:
+    """mmreplay: a memory-mapped, persistent, crash-safe replay store for RL.
+
+    \b
+    Examples:
+      mmreplay info /data/cartpole
+      mmreplay info /data/cartpole --json
+    """
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+@main.command()
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@friendly
+def info(path: str, as_json: bool) -> None:
+    """Show a store's schema, rows, transitions, episodes, segments, size and writers.
+
+    \b
+    Examples:
+      mmreplay info /data/cartpole
+      mmreplay info /data/cartpole --json | jq .rows
+    """
+    with mmreplay.open_store(path, mode="r") as store:
+        data = store.info()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(f"store        {data['path']}")
+    click.echo(f"rows         {data['rows']:,}  (capacity {data['capacity']:,})")
+    click.echo(f"transitions  {data['transitions']:,}")
+    click.echo(f"episodes     {data['episodes']:,}  (completed)")
+    click.echo(
+        f"segments     {data['segments']} ({data['segments_open']} open, {data['evicted_segments']} evicted), "
+        f"{data['segment_records']:,} rows / {_human_bytes(data['segment_bytes'])} each"
+    )
+    click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])}")
+    click.echo(f"writers      {', '.join(map(str, data['writers'])) or '-'}")
+    click.echo("schema")
+    width = max(len(f["name"]) for f in data["schema"])
+    for f in data["schema"]:
+        click.echo(f"  {f['name']:<{width}}  {f['dtype']:<8} {tuple(f['shape'])}")
+    if data["unreadable_segments"]:
+        click.echo("unreadable segments (run `mmreplay verify`):")
+        for name, why in data["unreadable_segments"].items():
+            click.echo(f"  {name}: {why}")
+    if data["metadata"]:
+        click.echo(f"metadata     {json.dumps(data['metadata'])}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
