@@ -362,8 +362,12 @@ class ReplayStore:
 
     @property
     def num_rows(self) -> int:
-        """Committed rows in the current snapshot (every lane, ``is_last`` rows included)."""
-        return self.reader.snapshot.total_rows if self.reader is not None else 0
+        """Committed rows (every lane, ``is_last`` rows included), as of the last refresh or
+        this handle's own writers' last append."""
+        if self.reader is None:
+            return 0
+        self._sync_local()
+        return self.reader.snapshot.total_rows
 
     def __len__(self) -> int:
         return self.num_rows
@@ -376,9 +380,15 @@ class ReplayStore:
         ok, _, _ = r.successors(kk, slot)
         return ok & ~r.is_last[int(s.windows[k]), : len(slot)]
 
+    def _sync_local(self) -> None:
+        """Refresh if a writer of this handle published or rolled since the last refresh."""
+        if self._need_scan or self._dirty:
+            self.refresh(scan=self._need_scan)
+
     def transition_ids(self) -> np.ndarray:
         """Global ids of every sampleable transition start (for tests and tools; O(rows))."""
         self._check()
+        self._sync_local()
         s = self.reader.snapshot
         out = [s.segment_ids[k] * self.segment_records + np.flatnonzero(self.valid_transition_mask(k))
                for k in range(len(s.segment_ids))]

@@ -188,7 +188,8 @@ class Writer:
             if last_obs is not None and self._failed is None:
                 self._append_last(last_obs)
             if self._seg is not None and self._failed is None:
-                self._seal(self._seg)
+                if self._n < self.usable:
+                    self._seal(self._seg)
                 self._seg.close(fdatasync=self.durability != "process")
                 self._seg = None
             for spare in self._spare:
@@ -316,11 +317,12 @@ class Writer:
             self._synced = n + k
         else:
             seg.publish(n + k)
+        if self._n == self.usable:
+            self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
         self.store._dirty = True
 
     def _roll(self) -> None:
-        if self._seg is not None:
-            self._seal(self._seg)
+        if self._seg is not None:  # full, hence already sealed
             self._seg.close(fdatasync=self.durability != "process")
         self._chain = self._chain + 1 if self._seg is not None else self._chain
         self._seg = self._spare.pop(0) if self._spare else self._new_segment(self._chain)
@@ -332,7 +334,9 @@ class Writer:
         if self.durability != "process":
             seg.sync_rows(self._synced, n)
         seal_crc = _crc32c.crc32c(seg.view[self.layout.column("_stamps").offset :][: n * 16])
-        seg.publish(n, synced=n if self.durability != "process" else self._synced, state=STATE_SEALED, seal_crc=seal_crc)
+        if self.durability != "process":
+            self._synced = n
+        seg.publish(n, synced=self._synced, state=STATE_SEALED, seal_crc=seal_crc)
         if self.durability != "process":
             seg.sync_control()
 
