@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+from conftest import step
+
+from mmreplay.cli.main import main
+
+
+def test_info_human_and_json(store):
+    with store.writer(lanes=2) as w:
+        for t in range(20):
+            w.add(**step(2, t, term=[t == 5, False]))
+    path = str(store.path)
+    store.close()
+    r = CliRunner().invoke(main, ["info", path])
+    assert r.exit_code == 0, r.output
+    assert "rows         40" in r.output and "transitions  37" in r.output and "reward" in r.output
+    r = CliRunner().invoke(main, ["info", path, "--json"])
+    data = json.loads(r.output)
+    assert (data["rows"], data["transitions"], data["episodes"], data["writers"]) == (40, 37, 1, [0])
+    assert data["segments"] == 2 and data["bytes_on_disk"] >= 2 * data["segment_bytes"]
+
+
+def test_info_on_missing_or_corrupt_store_is_one_line(tmp_path, store):
+    r = CliRunner().invoke(main, ["info", str(tmp_path / "nope")])
+    assert r.exit_code == 1
+    assert r.output.startswith("Error: StoreNotFoundError") and "Traceback" not in r.output
+    manifest = store.path / "STORE.json"
+    store.close()
+    manifest.write_text(manifest.read_text().replace('"capacity": 10000', '"capacity": 10001'))
+    r = CliRunner().invoke(main, ["info", str(store.path)])
+    assert r.exit_code == 1 and "CorruptStoreError" in r.output and "checksum" in r.output
+
+
+def test_bad_flags_exit_2():
+    r = CliRunner().invoke(main, ["info", "--no-such-flag", "x"])
+    assert r.exit_code == 2
+
+
+def test_python_dash_m_and_help_does_not_import_torch():
+    code = "import sys, runpy; sys.argv=['mmreplay','--help']\ntry:\n runpy.run_module('mmreplay', run_name='__main__')\nexcept SystemExit: pass\nprint('TORCH' if 'torch' in sys.modules else 'NOTORCH')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Usage: mmreplay" in out.stdout and "NOTORCH" in out.stdout
