@@ -8,8 +8,8 @@ A segment file is fixed-size and fully preallocated:
   ``synced``, ``state``, ``seal_crc`` and a crc32c. A writer always writes the slot it did not
   write last, with ``version + 1``; readers take the valid slot with the higher version, so a
   torn control write falls back to the previous one;
-* then one 4096-aligned column per schema field, the derived ``is_last`` flag column, and the
-  stamp column: per row ``seq: u64, crc: u32, glen: u32``. ``seq`` is the writer-session row
+* then the rows, as fixed-size records holding every field and the derived ``is_last`` flag
+  (see ``Layout``), and, 4096-aligned after them, the stamp column: per row ``seq: u64, crc: u32, glen: u32``. ``seq`` is the writer-session row
   number + 1 (0 = never written); ``crc`` is the crc32c of the row's *commit group* (the rows
   published by one append), seeded with store uuid, segment id, first slot, first seq, session
   epoch and group length, so torn, stale or misplaced rows fail validation; ``glen`` is the
@@ -19,7 +19,7 @@ Why a crc per commit group rather than per row: one crc32c call per column slice
 batched append vectorized (a per-row crc costs a Python call per row); the price is that
 corruption is located, and salvage drops data, at the granularity of one append.
 
-The column layout depends only on the schema and ``segment_records``, so every segment of a
+The layout depends only on the schema and ``segment_records``, so every segment of a
 store has the same layout and a reader can view a field across all segments with one strided
 array (see ``reader.py``).
 """
@@ -74,32 +74,61 @@ def align(n: int, to: int = PAGE_SIZE) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Column:
+    """Where one field lives: row ``i`` starts at ``offset + i * stride``."""
+
     name: str
     offset: int
-    row_bytes: int
+    stride: int
     dtype: np.dtype
     shape: tuple[int, ...]
+
+    def strides(self, leading: tuple[int, ...] = ()) -> tuple[int, ...]:
+        inner = []
+        step = self.dtype.itemsize
+        for s in reversed(self.shape):
+            inner.insert(0, step)
+            step *= s
+        return (*leading, self.stride, *inner)
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Byte layout of a segment file for one schema and ``segment_records``."""
+    """Byte layout of a segment file for one schema and ``segment_records``.
+
+    Rows are *records*: every field of a row, plus its ``is_last`` flag, lies in one
+    contiguous record (each field aligned to its item size), and records follow each other. A
+    random row's fields then share one or two cache lines, which is what bounds random
+    sampling from a store larger than the CPU caches (a columnar layout costs one cache miss
+    per field per row). One crc32c call covers a commit group's records. The stamps are a
+    separate column (16 bytes a row) that only recovery and verification read.
+    """
 
     segment_records: int
+    record_bytes: int
     columns: tuple[Column, ...]
+    """Every field, then ``is_last``, then ``_stamps``."""
+    records_offset: int
+    stamps_offset: int
     file_size: int
 
     @classmethod
     def of(cls, schema: Schema, segment_records: int) -> Layout:
-        cols = []
-        off = DATA_OFFSET
-        specs = [(f.name, f.dtype, f.shape) for f in schema.fields]
-        specs += [(IS_LAST, np.dtype(np.bool_), ()), (STAMPS, STAMP_DTYPE, ())]
+        specs = [(f.name, f.dtype, f.shape) for f in schema.fields] + [(IS_LAST, np.dtype(np.bool_), ())]
+        fields = []
+        off = 0
+        max_align = 1
         for name, dtype, shape in specs:
-            rb = int(np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
-            cols.append(Column(name, off, rb, np.dtype(dtype), tuple(shape)))
-            off = align(off + rb * segment_records)
-        return cls(segment_records, tuple(cols), off)
+            a = min(np.dtype(dtype).itemsize, 8) or 1
+            max_align = max(max_align, a)
+            off = -(-off // a) * a
+            fields.append((name, off, np.dtype(dtype), tuple(shape)))
+            off += int(np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+        rec = max(-(-off // max_align) * max_align, 1)
+        cols = [Column(name, DATA_OFFSET + o, rec, dt, shp) for name, o, dt, shp in fields]
+        stamps_offset = align(DATA_OFFSET + rec * segment_records)
+        cols.append(Column(STAMPS, stamps_offset, STAMP_DTYPE.itemsize, STAMP_DTYPE, ()))
+        file_size = align(stamps_offset + STAMP_DTYPE.itemsize * segment_records)
+        return cls(segment_records, rec, tuple(cols), DATA_OFFSET, stamps_offset, file_size)
 
     def column(self, name: str) -> Column:
         for c in self.columns:
@@ -107,10 +136,9 @@ class Layout:
                 return c
         raise KeyError(name)
 
-    @property
-    def payload_columns(self) -> tuple[Column, ...]:
-        """The columns a commit group's crc covers: every field plus ``is_last``."""
-        return self.columns[:-1]
+    def records_span(self, start: int, stop: int) -> tuple[int, int]:
+        """Byte range of the records of rows ``[start, stop)``: what a group crc covers."""
+        return self.records_offset + start * self.record_bytes, self.records_offset + stop * self.record_bytes
 
 
 @dataclass(frozen=True, slots=True)

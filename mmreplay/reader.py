@@ -93,15 +93,8 @@ class StoreReader:
         buf = self.region.buffer
         cols = {}
         for c in self.layout.columns:
-            inner = []
-            stride = c.dtype.itemsize
-            for s in reversed(c.shape):
-                inner.insert(0, stride)
-                stride *= s
-            cols[c.name] = np.ndarray(
-                (self.region.slots, self.R, *c.shape), c.dtype, buffer=buf, offset=c.offset,
-                strides=(self.region.slot_bytes, max(c.row_bytes, 1) if c.row_bytes else 0, *inner),
-            )
+            cols[c.name] = np.ndarray((self.region.slots, self.R, *c.shape), c.dtype, buffer=buf, offset=c.offset,
+                                      strides=c.strides((self.region.slot_bytes,)))
         self.stamps = cols.pop(STAMPS)
         self.is_last = cols.pop(IS_LAST)
         self.columns = cols

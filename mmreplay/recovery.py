@@ -55,7 +55,6 @@ def valid_prefix(seg: Segment, start: int, stop: int) -> int:
     h = seg.header
     st = seg.stamps
     i = start
-    cols = seg.layout.payload_columns
     view = seg.view
     while i < stop:
         seq = int(st["seq"][i])
@@ -70,8 +69,8 @@ def valid_prefix(seg: Segment, start: int, stop: int) -> int:
         ):
             break
         crc = group_seed(h, i, seq, k)
-        for c in cols:
-            crc = _crc32c.crc32c(view[c.offset + i * c.row_bytes : c.offset + (i + k) * c.row_bytes], crc)
+        lo, hi = seg.layout.records_span(i, i + k)
+        crc = _crc32c.crc32c(view[lo:hi], crc)
         if crc != int(grp["crc"][0]):
             break
         i += k
@@ -92,7 +91,7 @@ def recover_segment(seg: Segment) -> tuple[int, int]:
     if len(nz):
         tail[: nz[-1] + 1] = 0
     seg.sync_rows(0, seg.header.usable_records)
-    seal_crc = _crc32c.crc32c(seg.view[seg.layout.column("_stamps").offset :][: n * 16])
+    seal_crc = _crc32c.crc32c(seg.view[seg.layout.stamps_offset :][: n * 16])
     seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seal_crc)
     seg.sync_control()
     return n, dropped

@@ -89,7 +89,8 @@ class Segment:
         self.control = control
         self._slot = slot  # index of the control slot holding ``control``
         self.columns: dict[str, np.ndarray] = {
-            c.name: np.ndarray((layout.segment_records, *c.shape), c.dtype, buffer=self.mm, offset=c.offset)
+            c.name: np.ndarray((layout.segment_records, *c.shape), c.dtype, buffer=self.mm, offset=c.offset,
+                               strides=c.strides())
             for c in layout.columns
         }
         self.stamps = self.columns.pop(STAMPS)
@@ -168,11 +169,9 @@ class Segment:
         """msync the payload, flags and stamps of rows ``[start, stop)`` (before publishing them as synced)."""
         if stop <= start:
             return
-        for c in self.layout.columns:
-            if c.row_bytes == 0:
-                continue
-            lo = (c.offset + start * c.row_bytes) // PAGE_SIZE * PAGE_SIZE
-            hi = c.offset + stop * c.row_bytes
+        lay = self.layout
+        for lo, hi in (lay.records_span(start, stop), (lay.stamps_offset + 16 * start, lay.stamps_offset + 16 * stop)):
+            lo = lo // PAGE_SIZE * PAGE_SIZE
             self.mm.flush(lo, hi - lo)
 
     def sync_control(self) -> None:

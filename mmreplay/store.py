@@ -68,7 +68,7 @@ OnFull = Literal["evict", "error"]
 
 def default_segment_records(schema: Schema, target_bytes: int = 32 << 20) -> int:
     """Rows per segment so that a segment is about ``target_bytes`` (a multiple of 1024)."""
-    per_row = schema.row_bytes + 17
+    per_row = Layout.of(schema, 1).record_bytes + 16
     return int(min(1 << 20, max(1024, target_bytes // per_row // 1024 * 1024)))
 
 

@@ -297,9 +297,8 @@ class Writer:
             seg.is_last[n : n + k] = is_last[pos : pos + k]
         seq0 = self.rows_written
         crc = group_seed(seg.header, n, seq0 + 1, k)
-        view = seg.view
-        for c in self.layout.payload_columns:
-            crc = _extend(view[c.offset + n * c.row_bytes : c.offset + (n + k) * c.row_bytes], crc)
+        lo, hi = self.layout.records_span(n, n + k)
+        crc = _extend(seg.view[lo:hi], crc)
         if k == 1:
             seg.stamp_seq[n] = seq0 + 1
             seg.stamp_crc[n] = crc
@@ -333,7 +332,7 @@ class Writer:
         n = self._n
         if self.durability != "process":
             seg.sync_rows(self._synced, n)
-        seal_crc = _crc32c.crc32c(seg.view[self.layout.column("_stamps").offset :][: n * 16])
+        seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: n * 16])
         if self.durability != "process":
             self._synced = n
         seg.publish(n, synced=self._synced, state=STATE_SEALED, seal_crc=seal_crc)
