@@ -183,6 +183,10 @@ class Header:
         return cls(uuid, sid, wid, lanes, epoch, chain, first, shash, srec, urec, fsize, ctime, version)
 
 
+CONTROL_STRUCT = _CONTROL
+CONTROL_CRC_STRUCT = _CONTROL_CRC
+
+
 @dataclass(frozen=True, slots=True)
 class Control:
     version: int

@@ -223,7 +223,7 @@ class Schema:
             x = batch[name]
             if type(x) is not np.ndarray:
                 x = np.asarray(x)
-            if x.dtype != dtype:
+            if x.dtype is not dtype and x.dtype != dtype:
                 x = _cast(self[name], x, cast)
             nd = x.ndim - nshape
             if nd < 0 or (nshape and x.shape[nd:] != shape):

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._format import (
+    CONTROL_CRC_STRUCT,
     CONTROL_OFFSET,
     CONTROL_SLOT_SIZE,
+    CONTROL_STRUCT,
     DATA_OFFSET as DATA_OFFSET_PAGE,
     IS_LAST,
     PAGE_SIZE,
@@ -35,6 +37,7 @@ from ._format import (
     Control,
     Header,
     Layout,
+    crc32c,
     read_control,
 )
 from ._fs import fallocate, fsync_dir, populate_write
@@ -153,17 +156,15 @@ class Segment:
     def publish(self, committed: int, synced: int | None = None, state: int | None = None, seal_crc: int | None = None) -> None:
         """Write the next control slot: makes rows ``< committed`` visible to readers."""
         c = self.control
-        new = Control(
-            c.version + 1,
-            committed,
-            c.synced if synced is None else synced,
-            c.state if state is None else state,
-            c.seal_crc if seal_crc is None else seal_crc,
-        )
+        synced = c.synced if synced is None else synced
+        state = c.state if state is None else state
+        seal_crc = c.seal_crc if seal_crc is None else seal_crc
         slot = 1 - self._slot
         off = CONTROL_OFFSET + slot * CONTROL_SLOT_SIZE
-        self.mm[off : off + CONTROL_SLOT_SIZE] = new.pack()
-        self.control, self._slot = new, slot
+        mm = self.mm
+        CONTROL_STRUCT.pack_into(mm, off, c.version + 1, committed, synced, state, seal_crc)
+        CONTROL_CRC_STRUCT.pack_into(mm, off + CONTROL_STRUCT.size, crc32c(self.view[off : off + CONTROL_STRUCT.size]))
+        self.control, self._slot = Control(c.version + 1, committed, synced, state, seal_crc), slot
 
     def sync_rows(self, start: int, stop: int) -> None:
         """msync the payload, flags and stamps of rows ``[start, stop)`` (before publishing them as synced)."""

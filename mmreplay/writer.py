@@ -233,17 +233,21 @@ class Writer:
         rows = T * self.lanes
         if rows == 0:
             return
-        if self._has_done:
+        if not self._has_done:
+            is_last = np.zeros(rows, np.bool_)
+        elif T == 1:
+            is_last = self._prev_done
+            self._prev_done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(self.lanes)
+        else:
             done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(T, self.lanes)
             is_last = np.empty((T, self.lanes), np.bool_)
             is_last[0] = self._prev_done
             is_last[1:] = done[:-1]
             self._prev_done = done[-1].copy()
-        else:
-            is_last = np.zeros((T, self.lanes), np.bool_)
+            is_last = is_last.reshape(rows)
         if lead is None:
             arrays = {name: a.reshape(rows, *a.shape[2:]) for name, a in arrays.items()}
-        self._write(arrays, is_last.reshape(rows), rows)
+        self._write(arrays, is_last, rows)
 
     def _append_last(self, last_obs: Any) -> None:
         obs_names = self.schema.obs_names

@@ -1,0 +1,179 @@
+"""Side-by-side speed harness: mmreplay against SB3, cpprb and TorchRL in one process run.
+
+    python benchmarks/run.py                 # everything available, default sizes
+    python benchmarks/run.py --quick         # smaller sizes, for a smoke run
+    python benchmarks/run.py --json out.json
+
+Workload "vector" (issue 2): a transition is obs (8,) float32, int64 action, float32 reward,
+terminated/truncated flags; capacity 1,000,000.
+
+* single adds: one transition per call (``n_envs=1``), for ``--seconds`` or ``--single`` adds;
+* batched adds: batches of 256 (a 256-env vector step), filling the whole capacity;
+* uniform sampling of batch 256 returned as numpy, from the full 1,000,000 rows;
+* mmreplay sampling from the same rows split over 1, 16 and 256 segments.
+
+mmreplay writes to disk-backed persistent segments in a temporary directory on the same disk
+as TorchRL's memmap storage (``--dir``); SB3 and cpprb keep everything in RAM. Peers store
+``next_obs`` explicitly; mmreplay derives it from the next row of the lane. Ratios are
+mmreplay's rate over the best peer's, measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import OBS_SHAPE, PEERS, available  # noqa: E402
+
+import mmreplay  # noqa: E402
+
+
+class MMReplayPeer:
+    """mmreplay driven through its public API the way the peers are."""
+
+    name = "mmreplay"
+
+    def __init__(self, capacity: int, n_envs: int, tmpdir: str, segment_records: int | None = None) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="mmreplay-", dir=tmpdir)) / "store"
+        schema = mmreplay.Schema.transition(obs_shape=OBS_SHAPE, obs_dtype=np.float32)
+        self.store = mmreplay.create_store(self.path, schema, capacity=capacity, segment_records=segment_records)
+        self.writer = self.store.writer(lanes=n_envs)
+        self.sampler: mmreplay.UniformSampler | None = None
+
+    def add(self, obs, next_obs, action, reward, terminated, truncated) -> None:
+        del next_obs  # derived from the lane's next row
+        self.writer.add(obs=obs, action=action, reward=reward, terminated=terminated, truncated=truncated)
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        if self.sampler is None:
+            self.sampler = mmreplay.UniformSampler(self.store, seed=0)
+        b = self.sampler.sample(batch_size)
+        return {"obs": b.obs, "next_obs": b.next_obs, "action": b.action, "reward": b.reward, "terminated": b.terminated}
+
+    def close(self) -> None:
+        self.writer.close()
+        self.store.close()
+
+
+def _data(n_envs: int, n: int, rng: np.random.Generator):
+    """``n`` distinct vector steps of ``n_envs`` transitions, cycled by the timing loops."""
+    obs = rng.standard_normal((n, n_envs, *OBS_SHAPE), dtype=np.float32)
+    return [
+        (obs[i], obs[(i + 1) % n], rng.integers(0, 4, n_envs), rng.standard_normal(n_envs, dtype=np.float32),
+         rng.random(n_envs) < 0.01, rng.random(n_envs) < 0.005)
+        for i in range(n)
+    ]
+
+
+def time_adds(peer, data, total: int, seconds: float) -> float:
+    """Steps added per second (each step has ``n_envs`` transitions); stops at total or time."""
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    i = 0
+    m = len(data)
+    while i < total:
+        for _ in range(min(256, total - i)):
+            peer.add(*data[i % m])
+            i += 1
+        if time.perf_counter() > deadline:
+            break
+    return i / (time.perf_counter() - t0)
+
+
+def time_samples(peer, batch: int, seconds: float) -> float:
+    peer.sample(batch)
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(16):
+            peer.sample(batch)
+        n += 16
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--capacity", type=int, default=1_000_000)
+    ap.add_argument("--single", type=int, default=300_000, help="max single adds per system")
+    ap.add_argument("--seconds", type=float, default=3.0, help="time budget per single-add / sample measurement")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--dir", default=None, help="where disk-backed stores go (default: a temp dir on /var/tmp)")
+    ap.add_argument("--quick", action="store_true", help="capacity 100k, 1 s per measurement")
+    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers to include")
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.capacity, args.seconds, args.single = 100_000, 1.0, 50_000
+    base = Path(tempfile.mkdtemp(prefix="mmreplay-bench-", dir=args.dir or "/var/tmp"))
+    avail = available()
+    names = [n for n in args.peers.split(",") if n]
+    for n in names:
+        if avail.get(n):
+            print(f"skipping {n}: {avail[n]}", file=sys.stderr)
+    systems = {"mmreplay": MMReplayPeer, **{n: PEERS[n] for n in names if avail.get(n) is None}}
+    rng = np.random.default_rng(0)
+    single_data = _data(1, 4096, rng)
+    batch_data = _data(args.batch, 64, rng)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for name, cls in systems.items():
+            r: dict[str, float] = {}
+            p = cls(args.capacity, 1, str(base))
+            r["single_adds_per_s"] = time_adds(p, single_data, args.single, args.seconds)
+            getattr(p, "close", lambda: None)()
+            del p
+            gc.collect()
+            p = cls(args.capacity, args.batch, str(base))
+            steps = args.capacity // args.batch
+            r["batched_rows_per_s"] = time_adds(p, batch_data, steps, 1e9) * args.batch
+            r["sample_batches_per_s"] = time_samples(p, args.batch, args.seconds)
+            getattr(p, "close", lambda: None)()
+            del p
+            gc.collect()
+            results[name] = r
+            print(f"{name:>9}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()), flush=True)
+        seg_rates = {}
+        for nseg in (1, 16, 256):
+            rows = args.capacity
+            p = MMReplayPeer(rows, args.batch, str(base), segment_records=-(-rows // nseg // args.batch) * args.batch)
+            time_adds(p, batch_data, rows // args.batch, 1e9)
+            p.store.refresh()
+            actual = len(p.store.reader.segments)
+            seg_rates[nseg] = (actual, time_samples(p, args.batch, args.seconds))
+            p.close()
+            print(f"mmreplay sampling over {actual} segments: {seg_rates[nseg][1]:,.0f} batches/s", flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    metrics = [("single_adds_per_s", "single adds/s"), ("batched_rows_per_s", "batched adds (rows/s, batch 256)"),
+               ("sample_batches_per_s", "uniform sample (batches/s, batch 256)")]
+    peers = [n for n in results if n != "mmreplay"]
+    print()
+    print("| workload (capacity {:,}) | {} | best peer | mmreplay / best |".format(
+        args.capacity, " | ".join(results)))
+    print("|---" * (len(results) + 3) + "|")
+    for key, label in metrics:
+        best = max(peers, key=lambda n: results[n][key]) if peers else None
+        ratio = f"{results['mmreplay'][key] / results[best][key]:.2f}x" if best else "-"
+        cells = " | ".join(f"{results[n][key]:,.0f}" for n in results)
+        print(f"| {label} | {cells} | {best or '-'} | {ratio} |")
+    print()
+    print("| segments | " + " | ".join(str(v[0]) for v in seg_rates.values()) + " |")
+    print("|---" * (len(seg_rates) + 1) + "|")
+    print("| sample batches/s | " + " | ".join(f"{v[1]:,.0f}" for v in seg_rates.values()) + " |")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "results": results,
+                                                   "segments": {str(k): v for k, v in seg_rates.items()}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
