@@ -85,6 +85,7 @@ class StoreReader:
         self.stamps: np.ndarray
         self._build_views()
         self.snapshot = Snapshot()
+        self._table: np.ndarray | None = None
         self.skipped: dict[str, str] = {}
         self.last_scan = 0.0
 
@@ -98,6 +99,7 @@ class StoreReader:
         self.stamps = cols.pop(STAMPS)
         self.is_last = cols.pop(IS_LAST)
         self.columns = cols
+        self.bytes = np.ndarray((self.region.size,), np.uint8, buffer=buf)  # the whole region, for kernels
         self._control = np.ndarray((self.region.slots, 2 * CONTROL_SLOT_SIZE), np.uint8, buffer=buf,
                                    offset=CONTROL_OFFSET, strides=(self.region.slot_bytes, 1))
 
@@ -193,6 +195,17 @@ class StoreReader:
             np.int64,
         )
         self.snapshot = s
+        self._table = None
+
+    def segment_table(self) -> np.ndarray:
+        """The snapshot as one int64 table for the compiled kernels (built once per refresh)."""
+        if self._table is None:
+            from ._kernels import segment_table
+
+            s = self.snapshot
+            self._table = segment_table(s.cum_end, s.committed, s.usable, s.lanes, s.succ, s.windows,
+                                        self.region.slot_bytes, self.layout.records_offset, s.segment_ids)
+        return self._table
 
     def close(self) -> None:
         self.columns = {}

@@ -1,0 +1,147 @@
+"""Compiled hot loops (numba): uniform transition sampling with the gather in the same pass.
+
+numpy needs some thirty calls to draw, locate, validate and gather a batch of transitions, and
+their fixed cost dominates a batch of 256 small rows; this kernel does it in one call. It works on
+raw bytes: the reader's whole address region as one ``uint8`` array, and per field its byte
+offset in the record and its length, so one compiled function serves every schema. Each row's
+fields are copied straight into one output buffer laid out field by field, which the caller views
+as contiguous arrays.
+
+Imported lazily (``import mmreplay`` does not load numba).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# columns of the segment table (one row per snapshot segment)
+SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID = range(7)
+SEG_COLS = 7
+# columns of the field table: offset in record, length, offset in the output buffer, is "next" copy
+F_REC_OFF, F_LEN, F_OUT_OFF, F_NEXT = range(4)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _next_u64(state):  # pragma: no cover - compiled
+    """xoshiro256** step on a 4-word state (Blackman & Vigna)."""
+    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
+    x = s1 * np.uint64(5)
+    result = ((x << np.uint64(7)) | (x >> np.uint64(57))) * np.uint64(9)
+    t = s1 << np.uint64(17)
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = (s3 << np.uint64(45)) | (s3 >> np.uint64(19))
+    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
+    return result
+
+
+@numba.njit(nogil=True, cache=True)
+def draw(state, n, total, out):  # pragma: no cover - compiled
+    """``n`` uniform integers in ``[0, total)`` into ``out`` (unbiased: rejects the short tail)."""
+    t = np.uint64(total)
+    limit = np.uint64(0xFFFFFFFFFFFFFFFF) - (np.uint64(0xFFFFFFFFFFFFFFFF) % t)
+    i = 0
+    while i < n:
+        x = _next_u64(state)
+        if x < limit:
+            out[i] = np.int64(x % t)
+            i += 1
+    return out
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off, seg_records, fields, out, ids):
+    r4 = region.view(np.uint32)
+    r8 = region.view(np.uint64)
+    o4 = out.view(np.uint32)
+    o8 = out.view(np.uint64)  # pragma: no cover - compiled
+    """Fill rows ``start..len(ids)`` with uniform transitions from ``nrand`` draws.
+
+    Draws come from the xoshiro256** ``state`` (4 uint64 words, advanced in place), seeded by
+    the sampler from its numpy generator: same seed, same batches.
+
+    Returns ``(filled, used, touched)``: rows filled so far, draws consumed, and a checksum of
+    the prefetch pass (returned so the compiler keeps its loads). ``filled < len(ids)``
+    means the draws ran out (call again).
+
+    Three passes, so that the cache misses of different draws overlap (memory-level
+    parallelism) instead of queueing behind each other: locate every draw using only the
+    small segment table; read every candidate's ``is_last`` flag and touch its next record;
+    then copy the fields of the valid ones.
+    """
+    nseg = seg.shape[0]
+    batch = ids.shape[0]
+    rand = draw(state, nrand, seg[nseg - 1, SEG_CUM_END], np.empty(nrand, np.int64))
+    nf = fields.shape[0]
+    roffs = np.empty(nrand, np.int64)
+    noffs = np.empty(nrand, np.int64)
+    rid = np.empty(nrand, np.int64)
+    for j in range(nrand):
+        u = rand[j]
+        lo = 0
+        hi = nseg
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if seg[mid, SEG_CUM_END] <= u:
+                lo = mid + 1
+            else:
+                hi = mid
+        k = lo
+        slot = u - (seg[k, SEG_CUM_END] - seg[k, SEG_COMMITTED])
+        roffs[j] = seg[k, SEG_BASE] + slot * rec_bytes
+        rid[j] = seg[k, SEG_ID] * seg_records + slot
+        nxt = slot + seg[k, SEG_LANES]
+        noffs[j] = -1
+        if nxt < seg[k, SEG_COMMITTED]:
+            noffs[j] = seg[k, SEG_BASE] + nxt * rec_bytes
+        else:
+            s = seg[k, SEG_SUCC]
+            ns = nxt - seg[k, SEG_USABLE]
+            if ns >= 0 and s >= 0 and ns < seg[s, SEG_COMMITTED]:
+                noffs[j] = seg[s, SEG_BASE] + ns * rec_bytes
+    ok = np.empty(nrand, np.uint8)
+    touched = 0
+    for j in range(nrand):
+        # a short loop of independent loads: the misses overlap. It also brings both ends of
+        # both records into the cache for the copy pass below.
+        r = roffs[j]
+        n_ = noffs[j] if noffs[j] >= 0 else r
+        touched += region[r] + region[r + rec_bytes - 1] + region[n_] + region[n_ + rec_bytes - 1]
+        ok[j] = (region[r + is_last_off] == 0) & (noffs[j] >= 0)
+    i = start
+    j = 0
+    while i < batch and j < nrand:
+        if ok[j]:
+            ids[i] = rid[j]
+            for f in range(nf):
+                n = fields[f, F_LEN]
+                src = (noffs[j] if fields[f, F_NEXT] else roffs[j]) + fields[f, F_REC_OFF]
+                dst = fields[f, F_OUT_OFF] + i * n
+                if ((src | dst | n) & 7) == 0:
+                    for w in range(n >> 3):
+                        o8[(dst >> 3) + w] = r8[(src >> 3) + w]
+                elif ((src | dst | n) & 3) == 0:
+                    for w in range(n >> 2):
+                        o4[(dst >> 2) + w] = r4[(src >> 2) + w]
+                else:
+                    for b in range(n):
+                        out[dst + b] = region[src + b]
+            i += 1
+        j += 1
+    return i, j, touched
+
+
+def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, records_offset, segment_ids) -> np.ndarray:
+    t = np.empty((len(cum_end), SEG_COLS), np.int64)
+    t[:, SEG_CUM_END] = cum_end
+    t[:, SEG_COMMITTED] = committed
+    t[:, SEG_USABLE] = usable
+    t[:, SEG_LANES] = lanes
+    t[:, SEG_SUCC] = succ
+    t[:, SEG_BASE] = windows * slot_bytes + records_offset
+    t[:, SEG_ID] = segment_ids
+    return t
