@@ -113,7 +113,12 @@ class Layout:
 
     @classmethod
     def of(cls, schema: Schema, segment_records: int) -> Layout:
-        specs = [(f.name, f.dtype, f.shape) for f in schema.fields] + [(IS_LAST, np.dtype(np.bool_), ())]
+        specs = [(f.name, f.dtype, f.shape) for f in schema.fields]
+        # widest items first (no padding between fields), and within one width the floats first,
+        # grouped by dtype: each float dtype is one contiguous run, so one finiteness check per
+        # dtype covers a whole row.
+        specs.sort(key=lambda s: (-s[1].itemsize, s[1].kind not in "fc", s[1].str))
+        specs.append((IS_LAST, np.dtype(np.bool_), ()))
         fields = []
         off = 0
         max_align = 1
@@ -129,6 +134,32 @@ class Layout:
         cols.append(Column(STAMPS, stamps_offset, STAMP_DTYPE.itemsize, STAMP_DTYPE, ()))
         file_size = align(stamps_offset + STAMP_DTYPE.itemsize * segment_records)
         return cls(segment_records, rec, tuple(cols), DATA_OFFSET, stamps_offset, file_size)
+
+    @property
+    def record_dtype(self) -> np.dtype:
+        """A numpy structured dtype matching one record (fields and ``is_last``)."""
+        cols = self.columns[:-1]
+        return np.dtype({
+            "names": [c.name for c in cols],
+            "formats": [(c.dtype, c.shape) if c.shape else c.dtype for c in cols],
+            "offsets": [c.offset - self.records_offset for c in cols],
+            "itemsize": self.record_bytes,
+        })
+
+    @property
+    def float_runs(self) -> tuple[tuple[np.dtype, int, int], ...]:
+        """``(dtype, offset in record, element count)`` of each contiguous run of float fields."""
+        runs: list[list] = []
+        for c in self.columns[:-2]:
+            if c.dtype.kind not in "fc":
+                continue
+            n = int(np.prod(c.shape, dtype=np.int64))
+            off = c.offset - self.records_offset
+            if runs and runs[-1][0] == c.dtype and runs[-1][1] + runs[-1][2] * c.dtype.itemsize == off:
+                runs[-1][2] += n
+            else:
+                runs.append([c.dtype, off, n])
+        return tuple((d, o, n) for d, o, n in runs if n)
 
     def column(self, name: str) -> Column:
         for c in self.columns:

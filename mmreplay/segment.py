@@ -98,6 +98,14 @@ class Segment:
         }
         self.stamps = self.columns.pop(STAMPS)
         self.is_last = self.columns.pop(IS_LAST)
+        self.records = np.ndarray((layout.segment_records,), layout.record_dtype, buffer=self.mm,
+                                  offset=layout.records_offset)
+        # one 2D view per contiguous run of float fields, for finiteness checks of written rows
+        self.float_runs = [
+            np.ndarray((layout.segment_records, n), dt, buffer=self.mm, offset=layout.records_offset + off,
+                       strides=(layout.record_bytes, dt.itemsize))
+            for dt, off, n in layout.float_runs
+        ]
         self.stamp_seq = self.stamps["seq"]
         self.stamp_crc = self.stamps["crc"]
         self.stamp_glen = self.stamps["glen"]
@@ -186,7 +194,8 @@ class Segment:
             self._populator.join()
             self._populator = None
         self.columns.clear()
-        del self.stamps, self.is_last, self.stamp_seq, self.stamp_crc, self.stamp_glen
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_crc, self.stamp_glen, self.records
+        self.float_runs.clear()
         self.view.release()
         if fdatasync:
             self.mm.flush()

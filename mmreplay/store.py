@@ -271,6 +271,8 @@ class ReplayStore:
         durability: Durability = "segment",
         cast: Literal["no", "safe", "same_kind"] = "no",
         nonfinite: Literal["error", "warn", "allow"] = "error",
+        publish_rows: int = 64,
+        publish_interval_s: float = 0.005,
     ) -> Writer:
         """Open a writer session with ``lanes`` parallel environments (one per vector-env copy).
 
@@ -282,7 +284,8 @@ class ReplayStore:
             raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
         from .writer import Writer
 
-        w = Writer(self, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast, nonfinite=nonfinite)
+        w = Writer(self, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast, nonfinite=nonfinite,
+                   publish_rows=publish_rows, publish_interval_s=publish_interval_s)
         self._writers.append(w)
         return w
 
@@ -355,6 +358,8 @@ class ReplayStore:
         ``scan=False`` only rereads the counts of known open segments (no directory listing).
         """
         self._check()
+        for w in self._writers:
+            w.publish()  # this handle's own writers: everything added is visible here at once
         self.reader.refresh(scan=scan or self._need_scan)
         self._dirty = False
         if scan:

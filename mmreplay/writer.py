@@ -35,6 +35,9 @@ import atexit
 import os
 import secrets
 import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import crc32c as _crc32c
@@ -82,6 +85,8 @@ class Writer:
         durability: Durability,
         cast: Literal["no", "safe", "same_kind"],
         nonfinite: Literal["error", "warn", "allow"],
+        publish_rows: int = 64,
+        publish_interval_s: float = 0.005,
     ) -> None:
         if not isinstance(lanes, (int, np.integer)) or lanes < 1:
             raise ValueError(f"`lanes` must be a positive int, got {lanes!r}")
@@ -93,6 +98,8 @@ class Writer:
             raise ValueError(f"`cast` must be 'no', 'safe' or 'same_kind', got {cast!r}")
         if nonfinite not in ("error", "warn", "allow"):
             raise ValueError(f"`nonfinite` must be 'error', 'warn' or 'allow', got {nonfinite!r}")
+        if publish_rows < 1 or publish_interval_s <= 0:
+            raise ValueError("`publish_rows` must be >= 1 and `publish_interval_s` > 0")
         self.store = store
         self.lanes = int(lanes)
         self.durability = durability
@@ -127,6 +134,27 @@ class Writer:
         self._failed: BaseException | None = None
         self._closed = False
         self._has_done = "terminated" in self.schema and "truncated" in self.schema
+        # group commit: rows are stamped and published together (see the module docstring)
+        self._mutex = threading.RLock()
+        self._syncer: ThreadPoolExecutor | None = None
+        self._syncs: list[Future[None]] = []
+        self._pub = 0  # published rows of the current segment
+        self._staged_at = 0.0
+        self._pub_rows = 1 if durability == "batch" else int(publish_rows)
+        self.publish_interval_s = float(publish_interval_s)
+        self._stop = threading.Event()
+        self._publisher: threading.Thread | None = None
+        if self._pub_rows > 1:
+            self._publisher = threading.Thread(target=self._publisher_loop, name=f"mmreplay-publish-w{self.writer_id}",
+                                               daemon=True)
+            self._publisher.start()
+        # single-row fast path (lanes == 1): fields in record order, one structured assignment
+        record_order = [c.name for c in self.layout.columns[:-2]]
+        self._one_specs = [(n, self.schema[n].dtype, (1, *self.schema[n].shape)) for n in record_order]
+        self._names = frozenset(self.schema.names)
+        self._nfields = len(self._names)
+        self._fast = self.lanes == 1
+        self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
 
     # -- locking --------------------------------------------------------------------------
@@ -157,24 +185,38 @@ class Writer:
         arrays ``envs.step`` returned, with the previous observation. Raises ``SchemaError``
         or ``InvalidValueError`` before writing anything if a field is wrong.
         """
-        self._append(batch, fields, (self.lanes,))
+        if self._fast and batch is None:
+            self._add_one(fields)
+        else:
+            self._append(batch, fields, (self.lanes,))
 
     def add_batch(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
         """Append ``T`` vector-env steps at once: every field has leading shape ``(T, lanes)``."""
         self._append(batch, fields, None)
 
+    def publish(self) -> None:
+        """Make every row added so far visible to readers in other processes now."""
+        with self._mutex:
+            if self._seg is not None and self._failed is None and not self._closed:
+                self._publish()
+
     def flush(self) -> None:
-        """Make every published row durable (msync), whatever the durability level."""
+        """Publish, and make every published row durable (msync), whatever the durability level."""
         self._check()
-        seg = self._seg
-        if seg is not None and self._synced < self._n:
-            seg.sync_rows(self._synced, self._n)
-            seg.publish(self._n, synced=self._n)
-            seg.sync_control()
-            self._synced = self._n
+        with self._mutex:
+            seg = self._seg
+            if seg is None:
+                return
+            self._publish()
+            self._wait_syncs()
+            if self._synced < self._n:
+                seg.sync_rows(self._synced, self._n)
+                seg.publish(self._n, synced=self._n)
+                seg.sync_control()
+                self._synced = self._n
 
     def close(self, last_obs: Any = None) -> None:
-        """Seal the open segment, make it durable and release the writer id.
+        """Publish and seal the open segment, make it durable and release the writer id.
 
         ``last_obs`` (optional, leading dimension ``lanes``) is written as a final row of every
         lane so the last steps become sampleable transitions (their ``next_obs``).
@@ -184,17 +226,25 @@ class Writer:
         if self._pid != os.getpid():
             self._closed = True
             return
+        self._stop.set()
+        if self._publisher is not None and self._publisher is not threading.current_thread():
+            self._publisher.join()
         try:
             if last_obs is not None and self._failed is None:
                 self._append_last(last_obs)
-            if self._seg is not None and self._failed is None:
-                if self._n < self.usable:
-                    self._seal(self._seg)
-                self._seg.close(fdatasync=self.durability != "process")
-                self._seg = None
-            for spare in self._spare:
-                self._discard(spare)
-            self._spare.clear()
+            with self._mutex:
+                if self._seg is not None and self._failed is None:
+                    self._publish()
+                    if self._n < self.usable:
+                        self._seal(self._seg)
+                    self._retire(self._seg)
+                    self._seg = None
+                if self._syncer is not None:
+                    self._syncer.shutdown(wait=True)
+                    self._wait_syncs()
+                for spare in self._spare:
+                    self._discard(spare)
+                self._spare.clear()
         finally:
             self._closed = True
             atexit.unregister(self._atexit)
@@ -223,6 +273,44 @@ class Writer:
         if self._failed is not None:
             raise WriterFailedError(f"writer {self.writer_id} failed earlier: {self._failed!r}")
 
+    def _publisher_loop(self) -> None:
+        """Publish rows left unpublished for ``publish_interval_s`` (the writer may be idle)."""
+        while not self._stop.wait(self.publish_interval_s):
+            if self._n > self._pub and time.monotonic() - self._staged_at >= self.publish_interval_s:
+                with self._mutex:
+                    if not self._closed and self._failed is None and self._seg is not None:
+                        try:
+                            self._publish()
+                        except BaseException as exc:  # pragma: no cover - I/O failure
+                            self._failed = exc
+                            return
+
+    def _add_one(self, fields: dict[str, Any]) -> None:
+        """One row (``lanes == 1``): validate, copy the record in one assignment, check floats."""
+        if len(fields) != self._nfields or not self._names.issuperset(fields):
+            return self._append(None, fields, (1,))
+        values = []
+        for name, dtype, shape in self._one_specs:
+            x = fields[name]
+            if type(x) is not np.ndarray or (x.dtype is not dtype and x.dtype != dtype) or x.shape != shape:
+                return self._append(None, fields, (1,))  # the general path casts or explains
+            values.append(x[0])
+        self._check()
+        with self._mutex:
+            seg = self._seg
+            n = self._n
+            if seg is None or n == self.usable:
+                return self._append(None, fields, (1,))
+            values.append(self._prev_done[0])
+            seg.records[n] = tuple(values)
+            if self.nonfinite != "allow" and not all(np.isfinite(v[n]).all() for v in seg.float_runs):
+                seg.records[n] = self._zero_record  # never published, bytes as before
+                return self._append(None, fields, (1,))  # raises or warns with the details
+            done = fields["terminated"] | fields["truncated"] if self._has_done else self._prev_done
+            self._prev_done = done
+            self._n = n + 1
+            self._after_write(seg)
+
     def _append(self, batch: Mapping[str, Any] | None, fields: dict[str, Any], lead: tuple[int, ...] | None) -> None:
         self._check()
         data = fields if batch is None else ({**batch, **fields} if fields else batch)
@@ -233,21 +321,23 @@ class Writer:
         rows = T * self.lanes
         if rows == 0:
             return
-        if not self._has_done:
-            is_last = np.zeros(rows, np.bool_)
-        elif T == 1:
-            is_last = self._prev_done
-            self._prev_done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(self.lanes)
-        else:
-            done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(T, self.lanes)
-            is_last = np.empty((T, self.lanes), np.bool_)
-            is_last[0] = self._prev_done
-            is_last[1:] = done[:-1]
-            self._prev_done = done[-1].copy()
-            is_last = is_last.reshape(rows)
-        if lead is None:
-            arrays = {name: a.reshape(rows, *a.shape[2:]) for name, a in arrays.items()}
-        self._write(arrays, is_last, rows)
+        with self._mutex:
+            if not self._has_done:
+                is_last = np.zeros(rows, np.bool_)
+            elif T == 1:
+                is_last = self._prev_done
+            else:
+                done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(T, self.lanes)
+                is_last = np.empty((T, self.lanes), np.bool_)
+                is_last[0] = self._prev_done
+                is_last[1:] = done[:-1]
+                is_last = is_last.reshape(rows)
+            if lead is None:
+                arrays = {name: a.reshape(rows, *a.shape[2:]) for name, a in arrays.items()}
+            self._write(arrays, is_last, rows)
+            if self._has_done:
+                last = slice(rows - self.lanes, rows)
+                self._prev_done = np.logical_or(arrays["terminated"][last], arrays["truncated"][last])
 
     def _append_last(self, last_obs: Any) -> None:
         obs_names = self.schema.obs_names
@@ -262,11 +352,12 @@ class Writer:
             else:
                 data[f.name] = np.zeros((self.lanes, *f.shape), f.dtype)
         arrays, _ = self.schema.validate_batch(data, (self.lanes,), cast=self.cast, nonfinite=self.nonfinite)
-        self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)
-        self._prev_done[:] = False
+        with self._mutex:
+            self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)
+            self._prev_done = np.zeros(self.lanes, np.bool_)
 
     def _write(self, flat: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
-        """Write ``rows`` rows (every array has leading dimension ``rows``) and publish them."""
+        """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
         # allocate every segment this batch needs before writing a byte of it
         free = self.usable - self._n if self._seg is not None else 0
         need = 0 if rows <= free else -(-(rows - free) // self.usable)
@@ -279,69 +370,96 @@ class Writer:
                 if self._seg is None or self._n == self.usable:
                     self._roll()
                 k = min(rows - pos, self.usable - self._n)
-                self._write_group(flat, is_last, pos, k)
+                seg = self._seg
+                assert seg is not None
+                n = self._n
+                cols = seg.columns
+                whole = pos == 0 and k == len(is_last)
+                for name, x in flat.items():
+                    cols[name][n : n + k] = x if whole else x[pos : pos + k]
+                seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
+                self._n = n + k
                 pos += k
+                self._after_write(seg)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SchemaError)):
                 self._failed = exc
             raise
 
-    def _write_group(self, flat: dict[str, np.ndarray], is_last: np.ndarray, pos: int, k: int) -> None:
-        seg = self._seg
-        assert seg is not None
+    def _after_write(self, seg: Segment) -> None:
+        """Publish when the policy says so; seal a full segment. Caller holds the mutex."""
         n = self._n
-        cols = seg.columns
-        if pos == 0 and k == len(is_last):
-            for name, x in flat.items():
-                cols[name][n : n + k] = x
-            seg.is_last[n : n + k] = is_last
-        else:
-            for name, x in flat.items():
-                cols[name][n : n + k] = x[pos : pos + k]
-            seg.is_last[n : n + k] = is_last[pos : pos + k]
-        seq0 = self.rows_written
-        crc = group_seed(seg.header, n, seq0 + 1, k)
-        lo, hi = self.layout.records_span(n, n + k)
-        crc = _extend(seg.view[lo:hi], crc)
-        if k == 1:
-            seg.stamp_seq[n] = seq0 + 1
-            seg.stamp_crc[n] = crc
-            seg.stamp_glen[n] = 1
-        else:
-            seg.stamp_seq[n : n + k] = np.arange(seq0 + 1, seq0 + k + 1, dtype=np.uint64)
-            seg.stamp_crc[n : n + k] = crc
-            seg.stamp_glen[n : n + k] = k
-        self.rows_written = seq0 + k
-        self._n = n + k
-        if self.durability == "batch":
-            seg.sync_rows(n, n + k)
-            seg.publish(n + k, synced=n + k)
-            seg.sync_control()
-            self._synced = n + k
-        else:
-            seg.publish(n + k)
-        if self._n == self.usable:
-            self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
+        staged = n - self._pub
+        if staged == 1 or self._pub_rows <= 1:
+            self._staged_at = time.monotonic()
+        if n == self.usable or staged >= self._pub_rows or self.durability == "batch":
+            self._publish()
+            if n == self.usable:
+                self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
         self.store._dirty = True
 
+    def _publish(self) -> None:
+        """Stamp rows ``[pub, n)`` as one commit group and publish them. Caller holds the mutex."""
+        seg = self._seg
+        n, p = self._n, self._pub
+        if seg is None or n == p:
+            return
+        k = n - p
+        seq0 = seg.header.first_seq + p
+        crc = group_seed(seg.header, p, seq0 + 1, k)
+        lo, hi = self.layout.records_span(p, n)
+        crc = _extend(seg.view[lo:hi], crc)
+        if k == 1:
+            seg.stamp_seq[p] = seq0 + 1
+            seg.stamp_crc[p] = crc
+            seg.stamp_glen[p] = 1
+        else:
+            seg.stamp_seq[p:n] = np.arange(seq0 + 1, seq0 + k + 1, dtype=np.uint64)
+            seg.stamp_crc[p:n] = crc
+            seg.stamp_glen[p:n] = k
+        if self.durability == "batch":
+            seg.sync_rows(p, n)
+            seg.publish(n, synced=n)
+            seg.sync_control()
+            self._synced = n
+        else:
+            seg.publish(n)
+        self._pub = n
+        self.rows_written = seq0 + k
+
     def _roll(self) -> None:
-        if self._seg is not None:  # full, hence already sealed
-            self._seg.close(fdatasync=self.durability != "process")
+        if self._seg is not None:  # full, hence already published and sealed
+            self._retire(self._seg)
+        self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
         self._chain = self._chain + 1 if self._seg is not None else self._chain
         self._seg = self._spare.pop(0) if self._spare else self._new_segment(self._chain)
-        self._n = self._synced = 0
+        self._n = self._synced = self._pub = 0
         self.store._need_scan = True
 
     def _seal(self, seg: Segment) -> None:
-        n = self._n
-        if self.durability != "process":
-            seg.sync_rows(self._synced, n)
-        seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: n * 16])
-        if self.durability != "process":
-            self._synced = n
-        seg.publish(n, synced=self._synced, state=STATE_SEALED, seal_crc=seal_crc)
-        if self.durability != "process":
-            seg.sync_control()
+        """Mark the (published) segment SEALED: immutable from now on, evictable."""
+        seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: self._n * 16])
+        seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)
+
+    def _retire(self, seg: Segment) -> None:
+        """Make a sealed segment durable and close it: in the background for ``segment``
+        durability (``flush()``/``close()`` wait for it), at once otherwise."""
+        if self.durability == "process":
+            seg.close()
+        elif self.durability == "batch":
+            seg.close(fdatasync=True)
+        else:
+            if self._syncer is None:
+                self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
+            self._syncs.append(self._syncer.submit(_make_durable, seg, seg.control.committed))
+
+    def _wait_syncs(self) -> None:
+        syncs, self._syncs = self._syncs, []
+        for f in syncs:
+            exc = f.exception()
+            if exc is not None:
+                self._failed = exc
+                raise exc
 
     def _new_segment(self, chain_index: int) -> Segment:
         store = self.store
@@ -377,3 +495,11 @@ class Writer:
         os.rename(path, doomed)
         doomed.unlink()
         fsync_dir(path.parent)
+
+
+def _make_durable(seg: Segment, n: int) -> None:
+    """msync a sealed segment's rows, then record them as synced, then close it."""
+    seg.sync_rows(0, n)
+    seg.publish(n, synced=n)
+    seg.sync_control()
+    seg.close(fdatasync=True)
