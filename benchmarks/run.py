@@ -37,6 +37,9 @@ from peers import OBS_SHAPE, PEERS, available  # noqa: E402
 import mmreplay  # noqa: E402
 
 
+DURABILITY = "segment"
+
+
 class MMReplayPeer:
     """mmreplay driven through its public API the way the peers are."""
 
@@ -46,7 +49,7 @@ class MMReplayPeer:
         self.path = Path(tempfile.mkdtemp(prefix="mmreplay-", dir=tmpdir)) / "store"
         schema = mmreplay.Schema.transition(obs_shape=OBS_SHAPE, obs_dtype=np.float32)
         self.store = mmreplay.create_store(self.path, schema, capacity=capacity, segment_records=segment_records)
-        self.writer = self.store.writer(lanes=n_envs)
+        self.writer = self.store.writer(lanes=n_envs, durability=DURABILITY)
         self.sampler: mmreplay.UniformSampler | None = None
 
     def add(self, obs, next_obs, action, reward, terminated, truncated) -> None:
@@ -110,7 +113,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="capacity 100k, 1 s per measurement")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers to include")
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--durability", default="segment", choices=["process", "segment", "batch"],
+                    help="mmreplay writer durability (default: the library default, 'segment')")
     args = ap.parse_args()
+    global DURABILITY
+    DURABILITY = args.durability
     if args.quick:
         args.capacity, args.seconds, args.single = 100_000, 1.0, 50_000
     base = Path(tempfile.mkdtemp(prefix="mmreplay-bench-", dir=args.dir or "/var/tmp"))
@@ -158,6 +165,7 @@ def main() -> None:
                ("sample_batches_per_s", "uniform sample (batches/s, batch 256)")]
     peers = [n for n in results if n != "mmreplay"]
     print()
+    print(f"mmreplay durability={args.durability!r}")
     print("| workload (capacity {:,}) | {} | best peer | mmreplay / best |".format(
         args.capacity, " | ".join(results)))
     print("|---" * (len(results) + 3) + "|")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import crc32c as _crc32c
 import numpy as np
 
-from ._format import STATE_SEALED, group_seed
+from ._format import PAGE_SIZE, STATE_SEALED, group_seed
 from .errors import CorruptSegmentError
 from .segment import Segment, parse_segment_name
 
@@ -140,6 +140,12 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
                 report.cleaned.append(name)
     finally:
         alloc.release()
+    for name in os.listdir(store.segments_dir):
+        if parse_segment_name(name) and _never_written(store.segments_dir / name):
+            # created but its header never reached the disk (power loss right after creation,
+            # before any row of it was synced): an unfinished creation, like a .tmp file
+            (store.segments_dir / name).unlink(missing_ok=True)
+            report.cleaned.append(name)
     writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})
     for wid in writers:
         lock = store._lock(f"writer-{wid:03d}.lock")
@@ -150,3 +156,9 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
         finally:
             lock.release()
     return report
+
+
+def _never_written(path: os.PathLike[str]) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(PAGE_SIZE * 2)
+    return not any(head)

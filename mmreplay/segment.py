@@ -18,7 +18,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -40,7 +39,7 @@ from ._format import (
     crc32c,
     read_control,
 )
-from ._fs import fallocate, fsync_dir, populate_write
+from ._fs import fallocate, fsync_dir, msync, populate_write
 from .errors import CorruptSegmentError
 
 if TYPE_CHECKING:
@@ -110,12 +109,18 @@ class Segment:
         self.stamp_crc = self.stamps["crc"]
         self.stamp_glen = self.stamps["glen"]
         self.view = memoryview(self.mm)
-        self._populator: threading.Thread | None = None
+        self.dir_synced = False  # the directory entry is known to be on disk
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: Path, header: Header, layout: Layout) -> Segment:
-        """Create, preallocate, stamp and publish a new empty OPEN segment file."""
+    def create(cls, directory: Path, header: Header, layout: Layout, *, durable: bool = False) -> Segment:
+        """Create, preallocate, stamp and publish a new empty OPEN segment file.
+
+        Without ``durable`` the file and directory are not fsynced here (that would queue behind
+        other segments' writeback on the append path); ``make_durable`` does it before any row
+        of the segment is counted as synced, and after a crash a segment whose header never
+        reached the disk reads as zeros and is removed by recovery as an unfinished creation.
+        """
         name = segment_name(header.segment_id, header.writer_id)
         tmp = directory / f".{name}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -123,30 +128,22 @@ class Segment:
             fallocate(fd, layout.file_size, directory / name)
             os.pwrite(fd, header.pack(), 0)
             os.pwrite(fd, Control(1, 0, 0, STATE_OPEN).pack(), CONTROL_OFFSET)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
             os.rename(tmp, directory / name)
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
-        fsync_dir(directory)
+        if durable:
+            fsync_dir(directory)
         seg = cls(directory / name, fd, header, layout, Control(1, 0, 0, STATE_OPEN), 0)
-        seg._start_populate()
+        seg.dir_synced = durable
+        # pre-fault the data pages writable now (one call, the GIL released): appends then take
+        # no page fault per new page. The writer makes its next segment ahead of need in a
+        # background thread, so this runs beside the append path, not on it.
+        populate_write(seg.mm, DATA_OFFSET_PAGE)
         return seg
-
-    def _start_populate(self) -> None:
-        """Pre-fault the data pages writable in a background thread (the kernel work of
-        allocating page-cache pages then runs beside the writer instead of in its page faults)."""
-        self._stop_populate = threading.Event()
-
-        def run() -> None:
-            chunk = 4 << 20
-            for off in range(DATA_OFFSET_PAGE, self.layout.file_size, chunk):
-                if self._stop_populate.is_set() or not populate_write(self.mm, off, min(chunk, self.layout.file_size - off)):
-                    return
-
-        self._populator = threading.Thread(target=run, name=f"mmreplay-populate-{self.header.segment_id}", daemon=True)
-        self._populator.start()
 
     @classmethod
     def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int) -> Segment:
@@ -181,24 +178,29 @@ class Segment:
         lay = self.layout
         for lo, hi in (lay.records_span(start, stop), (lay.stamps_offset + 16 * start, lay.stamps_offset + 16 * stop)):
             lo = lo // PAGE_SIZE * PAGE_SIZE
-            self.mm.flush(lo, hi - lo)
+            msync(self.mm, lo, hi - lo)
+
+    def make_durable(self, start: int, stop: int) -> None:
+        """msync rows ``[start, stop)``, fdatasync, and fsync the directory once: after this the
+        rows, and the file holding them, survive a power loss (then publish them as synced)."""
+        self.sync_rows(start, stop)
+        if not self.dir_synced:
+            os.fdatasync(self._fd)
+            fsync_dir(self.path.parent)
+            self.dir_synced = True
 
     def sync_control(self) -> None:
-        self.mm.flush(CONTROL_OFFSET, PAGE_SIZE)
+        msync(self.mm, CONTROL_OFFSET, PAGE_SIZE)
 
     def close(self, *, fdatasync: bool = False) -> None:
         if self._fd < 0:
             return
-        if self._populator is not None:
-            self._stop_populate.set()
-            self._populator.join()
-            self._populator = None
         self.columns.clear()
         del self.stamps, self.is_last, self.stamp_seq, self.stamp_crc, self.stamp_glen, self.records
         self.float_runs.clear()
         self.view.release()
         if fdatasync:
-            self.mm.flush()
+            msync(self.mm, 0, self.layout.file_size)
             os.fdatasync(self._fd)
         self.mm.close()
         os.close(self._fd)

@@ -166,7 +166,7 @@ def _read_manifest(p: Path) -> dict[str, Any]:
     return data
 
 
-def _write_counter(path: Path, value: int, version: int, slot: int | None = None) -> None:
+def _write_counter(path: Path, value: int, version: int, slot: int | None = None, *, fsync: bool = True) -> None:
     body = _COUNTER.pack(version, value)
     rec = body + struct.pack("<I", crc32c(body))
     rec += b"\0" * (_COUNTER_SLOT - len(rec))
@@ -176,7 +176,8 @@ def _write_counter(path: Path, value: int, version: int, slot: int | None = None
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         os.pwrite(fd, rec, slot * _COUNTER_SLOT)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -292,11 +293,18 @@ class ReplayStore:
     def _lock(self, name: str) -> FileLock:
         return FileLock(self.locks_dir / name)
 
-    def allocate_segment_id(self) -> int:
-        """Next segment id (caller holds alloc.lock); persisted before it is used."""
+    def allocate_segment_id(self, *, durable: bool = False) -> int:
+        """Next segment id (caller holds alloc.lock).
+
+        The id is above both the counter and every segment file present, so ids never repeat
+        even if a crash lost the counter's last update; the counter is therefore written
+        without an fsync unless ``durable``.
+        """
         path = self.path / "counters.bin"
         value, version, slot = _read_counter(path)
-        _write_counter(path, value + 1, version + 1, 1 - slot)
+        on_disk = [p[0] for n in os.listdir(self.segments_dir) if (p := parse_segment_name(n.removesuffix(".deleted")))]
+        value = max([value, *(i + 1 for i in on_disk)])
+        _write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
         return value
 
     def evict_for_new_segment(self, *, force_one: bool = False) -> list[int]:

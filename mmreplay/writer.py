@@ -8,21 +8,37 @@ that episode's final observation, which is what gymnasium's default next-step au
 returns, so the plain vector-env loop stores episodes RLDS/Minari style (T+1 observations).
 
 Append protocol (RELIABILITY.md §2.3): validate the whole batch (nothing written on error);
-allocate every segment the batch will need (a full disk fails here, before any write); copy
-payload; write stamps (seq, group crc, group length); then publish the new committed count in
-the control slot. One crc32c call per column per commit group, no Python loop per row or lane.
+allocate every segment the batch will need (a full disk fails here, before any write); copy the
+payload into the records; then, per commit group, write the stamps (seq, group crc, group
+length) and only then publish the new committed count in the control slot. One crc32c call per
+commit group, no Python loop per row or lane.
 
-Durability (``durability=``), what each level guarantees once ``add`` returns:
+Group commit. Rows are stamped and published in groups: at once when ``publish_rows`` (default
+64) rows are waiting or the segment is full, otherwise by a background publisher thread at most
+``publish_interval_s`` (default 5 ms) after they were added, and always by ``publish()``,
+``flush()``, ``close()`` and by a ``refresh()`` of the writer's own store handle (so a learner
+sampling through the same handle sees every row it added). A vector step of 64 lanes or more
+is published by the ``add`` that wrote it; small adds share the cost of stamping and
+publishing, which makes a single-row ``add`` about as cheap as an append to a numpy array.
 
-=============  =====================  =======================  ==================================
-level          visible to readers     lost to ``kill -9``      lost to power loss / kernel crash
-=============  =====================  =======================  ==================================
-``process``    yes (after refresh)    nothing published        anything not sealed or flushed;
-                                                               recovery drops invalid rows
-``segment``    yes                    nothing published        rows after the last seal or
-(default)                                                      ``flush()``
-``batch``      yes                    nothing published        nothing acknowledged
-=============  =====================  =======================  ==================================
+Durability (``durability=``), what each level guarantees:
+
+=============  ===================================  =======================  =============================
+level          visible to other processes           lost to ``kill -9``      lost to power loss / kernel
+                                                                             crash
+=============  ===================================  =======================  =============================
+``process``    within ``publish_interval_s``        rows not yet published   anything not yet written back
+                                                    (≤ 5 ms of adds)         by the kernel; recovery drops
+                                                                             invalid rows
+``segment``    within ``publish_interval_s``        same                     rows after the last sealed
+(default)                                                                    segment's background sync, or
+                                                                             the last ``flush()``
+``batch``      when ``add`` returns                 nothing acknowledged     nothing acknowledged
+=============  ===================================  =======================  =============================
+
+``flush()`` publishes and msyncs everything written so far, and waits for sealed segments'
+syncs; ``close()`` does the same, then releases the writer id. Readers never see a row before
+it is published, and recovery keeps every published row after a ``kill -9``.
 
 A writer must be used in the process that opened it (not after ``fork()``); one writer id has
 at most one live session (``WriterBusyError`` otherwise), and a killed writer's id is free at
@@ -137,6 +153,8 @@ class Writer:
         # group commit: rows are stamped and published together (see the module docstring)
         self._mutex = threading.RLock()
         self._syncer: ThreadPoolExecutor | None = None
+        self._allocator: ThreadPoolExecutor | None = None
+        self._ahead: Future[Segment] | None = None
         self._syncs: list[Future[None]] = []
         self._pub = 0  # published rows of the current segment
         self._staged_at = 0.0
@@ -156,6 +174,12 @@ class Writer:
         self._fast = self.lanes == 1
         self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
+        try:  # the first segment is made now, not on the first append
+            with self._mutex:
+                self._roll()
+        except BaseException:
+            self.close()
+            raise
 
     # -- locking --------------------------------------------------------------------------
     def _claim(self, writer_id: int | None) -> int:
@@ -210,7 +234,7 @@ class Writer:
             self._publish()
             self._wait_syncs()
             if self._synced < self._n:
-                seg.sync_rows(self._synced, self._n)
+                seg.make_durable(self._synced, self._n)
                 seg.publish(self._n, synced=self._n)
                 seg.sync_control()
                 self._synced = self._n
@@ -235,16 +259,26 @@ class Writer:
             with self._mutex:
                 if self._seg is not None and self._failed is None:
                     self._publish()
-                    if self._n < self.usable:
-                        self._seal(self._seg)
-                    self._retire(self._seg)
+                    if self._n == 0:
+                        self._discard(self._seg)  # never written: leave no empty segment behind
+                    else:
+                        if self._n < self.usable:
+                            self._seal(self._seg)
+                        self._retire(self._seg)
                     self._seg = None
                 if self._syncer is not None:
                     self._syncer.shutdown(wait=True)
                     self._wait_syncs()
+                if self._ahead is not None:
+                    try:
+                        self._take_ahead()
+                    except Exception:  # noqa: S110 - an unused spare that failed to be made
+                        pass
                 for spare in self._spare:
                     self._discard(spare)
                 self._spare.clear()
+                if self._allocator is not None:
+                    self._allocator.shutdown(wait=True)
         finally:
             self._closed = True
             atexit.unregister(self._atexit)
@@ -359,6 +393,7 @@ class Writer:
     def _write(self, flat: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
         """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
         # allocate every segment this batch needs before writing a byte of it
+        self._take_ahead()
         free = self.usable - self._n if self._seg is not None else 0
         need = 0 if rows <= free else -(-(rows - free) // self.usable)
         first_chain = self._chain + 1 if self._seg is not None else self._chain
@@ -396,7 +431,19 @@ class Writer:
             self._publish()
             if n == self.usable:
                 self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
+        if not self._spare and self._ahead is None and self.usable > 1:
+            # make the next segment in the background (fallocate, fsyncs, page population) so
+            # that rolling over costs nothing on the append path
+            if self._allocator is None:
+                self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
+            self._ahead = self._allocator.submit(self._new_segment, self._chain + 1)
         self.store._dirty = True
+
+    def _take_ahead(self) -> None:
+        """Collect the segment made in the background, if any (caller holds the mutex)."""
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._spare.append(ahead.result())
 
     def _publish(self) -> None:
         """Stamp rows ``[pub, n)`` as one commit group and publish them. Caller holds the mutex."""
@@ -418,7 +465,7 @@ class Writer:
             seg.stamp_crc[p:n] = crc
             seg.stamp_glen[p:n] = k
         if self.durability == "batch":
-            seg.sync_rows(p, n)
+            seg.make_durable(p, n)
             seg.publish(n, synced=n)
             seg.sync_control()
             self._synced = n
@@ -428,6 +475,7 @@ class Writer:
         self.rows_written = seq0 + k
 
     def _roll(self) -> None:
+        self._take_ahead()
         if self._seg is not None:  # full, hence already published and sealed
             self._retire(self._seg)
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
@@ -467,7 +515,7 @@ class Writer:
         alloc.acquire(exclusive=True, blocking=True)
         try:
             store.evict_for_new_segment()
-            sid = store.allocate_segment_id()
+            sid = store.allocate_segment_id(durable=self.durability == "batch")
             header = Header(
                 store_uuid=store.store_uuid, segment_id=sid, writer_id=self.writer_id, lanes=self.lanes,
                 session_epoch=self.epoch, chain_index=chain_index,
@@ -476,11 +524,11 @@ class Writer:
                 file_size=self.layout.file_size, created_ns=now_ns(),
             )
             try:
-                return Segment.create(store.segments_dir, header, self.layout)
+                return Segment.create(store.segments_dir, header, self.layout, durable=self.durability == "batch")
             except DiskFullError:
                 if store.on_full != "evict" or not self._evict_one():
                     raise
-                return Segment.create(store.segments_dir, header, self.layout)
+                return Segment.create(store.segments_dir, header, self.layout, durable=self.durability == "batch")
         finally:
             alloc.release()
 
@@ -499,7 +547,7 @@ class Writer:
 
 def _make_durable(seg: Segment, n: int) -> None:
     """msync a sealed segment's rows, then record them as synced, then close it."""
-    seg.sync_rows(0, n)
+    seg.make_durable(0, n)
     seg.publish(n, synced=n)
     seg.sync_control()
     seg.close(fdatasync=True)
