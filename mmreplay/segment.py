@@ -105,6 +105,8 @@ class Segment:
                        strides=(layout.record_bytes, dt.itemsize))
             for dt, off, n in layout.float_runs
         ]
+        # (view, small): a few floats sum faster as Python floats than through a numpy reduction
+        self.float_checks = [(v, v.shape[1] <= 64) for v in self.float_runs]
         self.stamp_seq = self.stamps["seq"]
         self.stamp_crc = self.stamps["crc"]
         self.stamp_glen = self.stamps["glen"]
@@ -198,6 +200,7 @@ class Segment:
         self.columns.clear()
         del self.stamps, self.is_last, self.stamp_seq, self.stamp_crc, self.stamp_glen, self.records
         self.float_runs.clear()
+        self.float_checks.clear()
         self.view.release()
         if fdatasync:
             msync(self.mm, 0, self.layout.file_size)

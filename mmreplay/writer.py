@@ -48,6 +48,7 @@ once (the kernel drops its ``flock``).
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import secrets
 import socket
@@ -70,6 +71,8 @@ if TYPE_CHECKING:
     from .store import ReplayStore
 
 Durability = Literal["process", "segment", "batch"]
+_PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 MAX_WRITERS = 1000
 _extend = _crc32c.crc32c
 
@@ -167,8 +170,9 @@ class Writer:
                                                daemon=True)
             self._publisher.start()
         # single-row fast path (lanes == 1): fields in record order, one structured assignment
-        record_order = [c.name for c in self.layout.columns[:-2]]
-        self._one_specs = [(n, self.schema[n].dtype, (1, *self.schema[n].shape)) for n in record_order]
+        self._one_names = [c.name for c in self.layout.columns[:-2]]
+        self._one_types = [(self.schema[n].dtype, (1, *self.schema[n].shape)) for n in self._one_names]
+        self._check_floats = nonfinite != "allow"
         self._names = frozenset(self.schema.names)
         self._nfields = len(self._names)
         self._fast = self.lanes == 1
@@ -320,28 +324,39 @@ class Writer:
                             return
 
     def _add_one(self, fields: dict[str, Any]) -> None:
-        """One row (``lanes == 1``): validate, copy the record in one assignment, check floats."""
-        if len(fields) != self._nfields or not self._names.issuperset(fields):
+        """One row (``lanes == 1``): validate, copy the record in one assignment, check floats.
+
+        Anything unusual (a missing field, a cast, a wrong shape, a non-finite value, a full
+        segment) goes to the general path, which handles or explains it.
+        """
+        if self._pid != _PID[0] or self._closed or self._failed is not None:
+            self._check()
+        try:
+            vals = [fields[name] for name in self._one_names]
+        except KeyError:
+            vals = None
+        if vals is None or len(fields) != self._nfields:
             return self._append(None, fields, (1,))
-        values = []
-        for name, dtype, shape in self._one_specs:
-            x = fields[name]
-            if type(x) is not np.ndarray or (x.dtype is not dtype and x.dtype != dtype) or x.shape != shape:
-                return self._append(None, fields, (1,))  # the general path casts or explains
-            values.append(x[0])
-        self._check()
+        for x, (dtype, shape) in zip(vals, self._one_types):
+            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
+                return self._append(None, fields, (1,))
         with self._mutex:
             seg = self._seg
             n = self._n
             if seg is None or n == self.usable:
                 return self._append(None, fields, (1,))
-            values.append(self._prev_done[0])
-            seg.records[n] = tuple(values)
-            if self.nonfinite != "allow" and not all(np.isfinite(v[n]).all() for v in seg.float_runs):
-                seg.records[n] = self._zero_record  # never published, bytes as before
-                return self._append(None, fields, (1,))  # raises or warns with the details
-            done = fields["terminated"] | fields["truncated"] if self._has_done else self._prev_done
-            self._prev_done = done
+            prev = self._prev_done
+            vals.append(prev)
+            seg.records[n] = tuple([v[0] for v in vals])
+            # a non-finite value makes the sum non-finite; a finite sum that overflowed only
+            # sends the row to the exact check of the general path
+            if self._check_floats:
+                for r, small in seg.float_checks:
+                    if not math.isfinite(sum(r[n].tolist()) if small else r[n].sum()):
+                        seg.records[n] = self._zero_record  # never published, bytes as before
+                        return self._append(None, fields, (1,))
+            if self._has_done:
+                self._prev_done = fields["terminated"] | fields["truncated"]
             self._n = n + 1
             self._after_write(seg)
 
