@@ -1,0 +1,133 @@
+"""Group commit and visibility: who sees a row, and when; disk full at allocation."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import step
+
+import mmreplay
+from mmreplay import DiskFullError
+
+
+def test_same_handle_sees_every_added_row(store):
+    w = store.writer(lanes=1, publish_interval_s=60)
+    for t in range(3):
+        w.add(**step(1, t))
+    assert store.num_rows == 3
+    b = mmreplay.UniformSampler(store, seed=0).sample(8)
+    assert set(b.obs[:, 0].astype(int)) == {0, 1}
+    w.close()
+
+
+def test_other_handles_see_rows_only_once_published(store):
+    w = store.writer(lanes=1, publish_rows=64, publish_interval_s=60)
+    for t in range(5):
+        w.add(**step(1, t))
+    other = mmreplay.open_store(store.path, mode="r")
+    assert other.num_rows == 0  # staged, not yet published
+    w.publish()
+    other.refresh()
+    assert other.num_rows == 5
+    for t in range(5, 69):  # 64 more: a full group publishes by itself
+        w.add(**step(1, t))
+    other.refresh()
+    assert other.num_rows >= 64
+    w.close()
+    other.refresh()
+    assert other.num_rows == 69
+    other.close()
+
+
+def test_idle_writer_rows_reach_another_process(store):
+    w = store.writer(lanes=1, publish_rows=1000, publish_interval_s=0.01)
+    for t in range(10):
+        w.add(**step(1, t))
+    # no flush, no close: the publisher thread must make them visible on its own
+    code = (
+        "import sys, time, mmreplay\n"
+        "s = mmreplay.open_store(sys.argv[1])\n"
+        "deadline = time.monotonic() + 30\n"
+        "while s.num_rows < 10 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01); s.refresh()\n"
+        "print(s.num_rows)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(store.path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "10"
+    w.close()
+
+
+def test_batch_durability_publishes_every_add(store):
+    w = store.writer(lanes=1, durability="batch")
+    other = mmreplay.open_store(store.path, mode="r")
+    for t in range(3):
+        w.add(**step(1, t))
+        other.refresh()
+        assert other.num_rows == t + 1
+    w.close()
+    other.close()
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_at_writer_open(store, monkeypatch):
+    monkeypatch.setattr(os, "posix_fallocate", _enospc)
+    with pytest.raises(DiskFullError, match="cannot allocate") as info:
+        store.writer()
+    assert info.value.errno == errno.ENOSPC and "hint" in str(info.value)
+    assert not [p for p in os.listdir(store.segments_dir) if p.endswith(".tmp")]
+    monkeypatch.undo()
+    store.writer(writer_id=0).close()  # the id was released
+
+
+def test_disk_full_at_segment_roll_keeps_committed_rows(tmp_path, schema, monkeypatch):
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16, on_full="error")
+    w = s.writer(lanes=2, publish_rows=1)
+    w._ahead and w._ahead.result()  # let the background allocation finish first
+    for t in range(8):
+        w.add(**step(2, t))
+    w._take_ahead()
+    w._spare.clear()  # forget the spare so the next roll must allocate
+    monkeypatch.setattr(os, "posix_fallocate", _enospc)
+    with pytest.raises(DiskFullError):
+        w.add_batch({k: np.stack([v] * 20) for k, v in step(2, 8).items()})
+    monkeypatch.undo()
+    assert not [p for p in os.listdir(s.segments_dir) if p.endswith(".tmp")]
+    s.close()
+    r = mmreplay.open_store(tmp_path / "s", mode="a")
+    assert r.num_rows == 16  # every committed row, none of the refused batch
+    r.close()
+
+
+def test_segment_whose_header_never_reached_disk_is_removed(store):
+    with store.writer(lanes=1) as w:
+        w.add(**step(1, 0))
+    ghost = store.segments_dir / "0000000000099-w007.seg"
+    with open(ghost, "wb") as fh:
+        fh.truncate(store.layout.file_size)  # all zeros: created, header lost by a power cut
+    r = mmreplay.open_store(store.path, mode="a")
+    assert not ghost.exists() and ghost.name in r.recovery_report.cleaned
+    assert r.num_rows == 1
+    r.close()
+
+
+def test_writer_refuses_use_after_fork(store):
+    w = store.writer(lanes=1)
+    w.add(**step(1, 0))
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            w.add(**step(1, 1))
+        except mmreplay.StoreClosedError:
+            os._exit(0)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    w.close()
