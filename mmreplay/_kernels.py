@@ -145,3 +145,4 @@ def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, 
     t[:, SEG_BASE] = windows * slot_bytes + records_offset
     t[:, SEG_ID] = segment_ids
     return t
+

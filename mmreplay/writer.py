@@ -177,6 +177,7 @@ class Writer:
         self._nfields = len(self._names)
         self._fast = self.lanes == 1
         self._zero_record = np.zeros((), self.layout.record_dtype)
+        self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
         atexit.register(self._atexit)
         try:  # the first segment is made now, not on the first append
             with self._mutex:
@@ -408,9 +409,10 @@ class Writer:
     def _write(self, flat: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
         """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
         # allocate every segment this batch needs before writing a byte of it
-        self._take_ahead()
         free = self.usable - self._n if self._seg is not None else 0
         need = 0 if rows <= free else -(-(rows - free) // self.usable)
+        if need > len(self._spare):
+            self._take_ahead()
         first_chain = self._chain + 1 if self._seg is not None else self._chain
         while len(self._spare) < need:
             self._spare.append(self._new_segment(first_chain + len(self._spare)))
@@ -476,7 +478,7 @@ class Writer:
             seg.stamp_crc[p] = crc
             seg.stamp_glen[p] = 1
         else:
-            seg.stamp_seq[p:n] = np.arange(seq0 + 1, seq0 + k + 1, dtype=np.uint64)
+            np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=seg.stamp_seq[p:n])
             seg.stamp_crc[p:n] = crc
             seg.stamp_glen[p:n] = k
         if self.durability == "batch":
@@ -490,7 +492,8 @@ class Writer:
         self.rows_written = seq0 + k
 
     def _roll(self) -> None:
-        self._take_ahead()
+        if not self._spare:
+            self._take_ahead()
         if self._seg is not None:  # full, hence already published and sealed
             self._retire(self._seg)
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
