@@ -24,6 +24,7 @@ def main() -> None:
     Examples:
       mmreplay info /data/cartpole
       mmreplay info /data/cartpole --json
+      mmreplay verify /data/cartpole --repair
     """
 
 
@@ -47,7 +48,7 @@ def info(path: str, as_json: bool) -> None:
       mmreplay info /data/cartpole
       mmreplay info /data/cartpole --json | jq .rows
     """
-    with mmreplay.open_store(path, mode="r") as store:
+    with mmreplay.open_store(path, mode="r", on_corrupt="skip") as store:
         data = store.info()
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -72,6 +73,35 @@ def info(path: str, as_json: bool) -> None:
             click.echo(f"  {name}: {why}")
     if data["metadata"]:
         click.echo(f"metadata     {json.dumps(data['metadata'])}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--fast", is_flag=True, help="Check sealed segments by the crc of their stamp column only.")
+@click.option("--repair", is_flag=True, help="Recover dead writers' segments and quarantine damaged ones.")
+@friendly
+def verify(path: str, fast: bool, repair: bool) -> None:
+    """Check headers, stamps and checksums of every segment; exit 1 if anything is wrong.
+
+    \b
+    Examples:
+      mmreplay verify /data/cartpole
+      mmreplay verify /data/cartpole --fast
+      mmreplay verify /data/cartpole --repair
+    """
+    mode = "a" if repair else "r"
+    with mmreplay.open_store(path, mode=mode, on_corrupt="skip") as store:
+        if repair:
+            actions, problems = store.repair()
+            for a in actions:
+                click.echo(f"repaired: {a}")
+        else:
+            problems = store.verify(fast=fast)
+    for p in problems:
+        click.echo(f"problem: {p}")
+    if problems:
+        raise SystemExit(1)
+    click.echo(f"ok: {path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,6 +20,7 @@ Global row ids are ``segment_id * segment_records + slot``: stable for the life 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 _MADV_RANDOM = 1
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -71,7 +73,9 @@ class Snapshot:
 class StoreReader:
     """Maps a store's segments and gathers rows by id. Owned by ``ReplayStore``."""
 
-    def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *, initial_windows: int = 16) -> None:
+    def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *,
+                 initial_windows: int = 16, on_corrupt: str = "raise") -> None:
+        self.on_corrupt = on_corrupt
         self.dir = segments_dir
         self.layout = layout
         self.store_uuid = store_uuid
@@ -166,7 +170,10 @@ class StoreReader:
             except FileNotFoundError:
                 continue  # evicted between listing and opening
             except CorruptSegmentError as exc:
+                if self.on_corrupt == "raise":
+                    raise
                 self.skipped[name] = str(exc)
+                log.warning("skipping %s", exc)
         self.last_scan = time.monotonic()
 
     def _read_control(self, m: _Mapped) -> None:

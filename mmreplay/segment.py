@@ -39,6 +39,7 @@ from ._format import (
     crc32c,
     read_control,
 )
+from . import _failpoint
 from ._fs import fallocate, fsync_dir, msync, populate_write
 from .errors import CorruptSegmentError
 
@@ -80,14 +81,16 @@ def read_segment_meta(fd: int, path: object, layout: Layout, store_uuid: bytes, 
 
 
 class Segment:
-    """A segment mapped read-write: the writer's (or recovery's) handle on one file."""
+    """A mapped segment: the writer's or recovery's read-write handle, or verify's read-only one."""
 
-    def __init__(self, path: Path, fd: int, header: Header, layout: Layout, control: Control, slot: int) -> None:
+    def __init__(self, path: Path, fd: int, header: Header, layout: Layout, control: Control, slot: int,
+                 *, writable: bool = True) -> None:
         self.path = path
         self.header = header
         self.layout = layout
         self._fd = fd
-        self.mm = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self.mm = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED, prot)
         self.control = control
         self._slot = slot  # index of the control slot holding ``control``
         self.columns: dict[str, np.ndarray] = {
@@ -128,10 +131,14 @@ class Segment:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fallocate(fd, layout.file_size, directory / name)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("after_fallocate")
             os.pwrite(fd, header.pack(), 0)
             os.pwrite(fd, Control(1, 0, 0, STATE_OPEN).pack(), CONTROL_OFFSET)
             if durable:
                 os.fsync(fd)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("before_rename")
             os.rename(tmp, directory / name)
         except BaseException:
             os.close(fd)
@@ -148,13 +155,14 @@ class Segment:
         return seg
 
     @classmethod
-    def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int) -> Segment:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *, writable: bool = True) -> Segment:
+        """Map an existing segment after checking its header and size (never past EOF)."""
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
         try:
             header, control = read_segment_meta(fd, path, layout, store_uuid, schema_hash)
             buf = os.pread(fd, 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
             _, slot = read_control(buf)
-            return cls(path, fd, header, layout, control or Control(0, 0, 0, STATE_OPEN), slot)
+            return cls(path, fd, header, layout, control or Control(0, 0, 0, STATE_OPEN), slot, writable=writable)
         except BaseException:
             os.close(fd)
             raise

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from . import __version__
+from . import __version__, _failpoint
 from ._format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_OPEN, STATE_SEALED, Layout, crc32c, read_control
 from ._fs import atomic_write, fsync_dir, writable_error
 from ._lock import FileLock
@@ -132,11 +132,20 @@ def create_store(
     return ReplayStore(p, "a")
 
 
-def open_store(path: str | os.PathLike[str], mode: Literal["r", "a"] = "r") -> ReplayStore:
-    """Open an existing store: ``"r"`` to read (no locks, no writes) or ``"a"`` to also write."""
+def open_store(
+    path: str | os.PathLike[str], mode: Literal["r", "a"] = "r", *, on_corrupt: Literal["raise", "skip"] = "raise"
+) -> ReplayStore:
+    """Open an existing store: ``"r"`` to read (no locks, no writes) or ``"a"`` to also write.
+
+    ``on_corrupt``: a segment file with a bad header, wrong size or foreign origin raises
+    ``CorruptSegmentError`` (``"raise"``, the default) or is left out and reported by ``info()``
+    (``"skip"``). ``mmreplay verify --repair`` quarantines such files.
+    """
     if mode not in ("r", "a"):
         raise ValueError(f"`mode` must be 'r' or 'a', got {mode!r}")
-    return ReplayStore(Path(path), mode)
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"`on_corrupt` must be 'raise' or 'skip', got {on_corrupt!r}")
+    return ReplayStore(Path(path), mode, on_corrupt=on_corrupt)
 
 
 def _manifest_bytes(body: dict[str, Any]) -> bytes:
@@ -208,7 +217,7 @@ class ReplayStore:
     session with its own lanes and segments. Not to be used after ``fork()``.
     """
 
-    def __init__(self, path: Path, mode: Literal["r", "a"]) -> None:
+    def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "raise") -> None:
         self.path = path
         self.mode = mode
         m = _read_manifest(path)
@@ -234,7 +243,8 @@ class ReplayStore:
             self.recovery_report = recover_abandoned(self)
         windows = max(16, 2 * (-(-self.capacity // self.segment_records)) + 8)
         self.reader = StoreReader(self.segments_dir, self.layout, self.store_uuid, self.schema.hash,
-                                  initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)))
+                                  initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)),
+                                  on_corrupt=on_corrupt)
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
         self.reader.refresh()
@@ -332,6 +342,8 @@ class ReplayStore:
                 raise StoreFullError(f"{self.path} holds {held} rows, capacity {self.capacity}, and on_full='error'")
             doomed = self.segments_dir / (name + ".deleted")
             os.rename(self.segments_dir / name, doomed)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("mid_evict")
             doomed.unlink()
             held -= committed
             evicted.append(sid)
@@ -426,6 +438,26 @@ class ReplayStore:
     def require_rows(self) -> None:
         if self.num_rows == 0:
             raise EmptyStoreError(f"{self.path} has no committed rows")
+
+    def verify(self, *, fast: bool = False) -> list[Any]:
+        """Check every segment's header, stamps and checksums; returns the problems found
+        (``mmreplay.verify.Problem``: file, slot, reason). Writes nothing, takes no locks."""
+        from .verify import verify_store
+
+        self._check()
+        return verify_store(self, fast=fast)
+
+    def repair(self) -> tuple[list[str], list[Any]]:
+        """Run recovery and quarantine damaged segments as ``.corrupt`` (``mode="a"``, no live
+        writer). Returns the actions taken and the problems left."""
+        from .verify import repair_store
+
+        self._check()
+        if self.mode != "a":
+            raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; repair needs mode='a'")
+        actions, left = repair_store(self)
+        self.refresh()
+        return actions, left
 
     def info(self) -> dict[str, Any]:
         """Schema, rows, transitions, episodes, segments, bytes and writers, as plain data."""

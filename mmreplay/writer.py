@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import crc32c as _crc32c
 import numpy as np
 
+from . import _failpoint
 from ._format import STATE_SEALED, Header, group_seed
 from ._fs import fsync_dir
 from .errors import DiskFullError, SchemaError, StoreClosedError, WriterBusyError, WriterFailedError
@@ -359,6 +360,8 @@ class Writer:
             if self._has_done:
                 self._prev_done = fields["terminated"] | fields["truncated"]
             self._n = n + 1
+            if _failpoint.ACTIVE:
+                _failpoint.hit("after_payload")
             self._after_write(seg)
 
     def _append(self, batch: Mapping[str, Any] | None, fields: dict[str, Any], lead: tuple[int, ...] | None) -> None:
@@ -432,6 +435,8 @@ class Writer:
                 seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
                 self._n = n + k
                 pos += k
+                if _failpoint.ACTIVE:
+                    _failpoint.hit("after_payload")
                 self._after_write(seg)
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SchemaError)):
@@ -481,6 +486,8 @@ class Writer:
             np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=seg.stamp_seq[p:n])
             seg.stamp_crc[p:n] = crc
             seg.stamp_glen[p:n] = k
+        if _failpoint.ACTIVE:
+            _failpoint.hit("after_stamps")
         if self.durability == "batch":
             seg.make_durable(p, n)
             seg.publish(n, synced=n)
@@ -488,6 +495,8 @@ class Writer:
             self._synced = n
         else:
             seg.publish(n)
+        if _failpoint.ACTIVE:
+            _failpoint.hit("after_publish")
         self._pub = n
         self.rows_written = seq0 + k
 
@@ -505,6 +514,8 @@ class Writer:
     def _seal(self, seg: Segment) -> None:
         """Mark the (published) segment SEALED: immutable from now on, evictable."""
         seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: self._n * 16])
+        if _failpoint.ACTIVE:
+            _failpoint.hit("mid_seal")
         seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)
 
     def _retire(self, seg: Segment) -> None:
