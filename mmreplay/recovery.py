@@ -7,6 +7,8 @@ the checksummed stamps are the truth (SQLite's wal-index, Kafka's ``LogSegment.r
 2. walk commit groups: a group at slot ``i`` is valid iff every row of it carries
    ``seq == first_seq + slot + 1``, the same crc and length, and the crc of its payload,
    seeded with store/segment/slot/seq/session, matches. An all-zero stamp means never written;
+   Groups past ``committed`` were never published: they are dropped (and only when both
+   control slots are damaged is the count rebuilt from the stamps alone);
 3. keep the valid prefix, zero the stamps of the invalid tail (so stale stamps cannot come back),
    msync, and publish ``committed = synced = prefix`` with state SEALED.
 
@@ -78,19 +80,23 @@ def valid_prefix(seg: Segment, start: int, stop: int) -> int:
 
 
 def recover_segment(seg: Segment) -> tuple[int, int]:
-    """Cut an OPEN segment back to its valid prefix and seal it. Returns ``(kept, dropped)``."""
+    """Cut an OPEN segment back to its valid prefix and seal it. Returns ``(kept, dropped)``.
+
+    Rows are checked from ``synced`` up to ``committed``: rows stamped but never published were
+    never acknowledged, so they are dropped like any unpublished row. With both control slots
+    damaged the count is unknown and every stamped row is checked.
+    """
     c = seg.control
-    start = min(c.synced, seg.header.usable_records)
-    # scan past ``committed`` too: rows stamped but not yet published are valid data
-    n = valid_prefix(seg, start, seg.header.usable_records)
-    if n < start:  # pragma: no cover - valid_prefix never goes back
-        n = start
-    dropped = max(c.committed - n, 0)
+    usable = seg.header.usable_records
+    start = min(c.synced, usable)
+    stop = min(c.committed, usable) if c.version else usable
+    n = valid_prefix(seg, start, stop)
+    dropped = max(stop - n, 0) if c.version else 0
     tail = seg.stamps[n:]
     nz = np.flatnonzero(tail["seq"])
     if len(nz):
-        tail[: nz[-1] + 1] = 0
-    seg.sync_rows(0, seg.header.usable_records)
+        tail[: nz[-1] + 1] = 0  # stale stamps past the prefix must never come back
+    seg.sync_rows(0, usable)
     seal_crc = _crc32c.crc32c(seg.view[seg.layout.stamps_offset :][: n * 16])
     seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seal_crc)
     seg.sync_control()
@@ -159,6 +165,9 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
 
 
 def _never_written(path: os.PathLike[str]) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(PAGE_SIZE * 2)
-    return not any(head)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(PAGE_SIZE * 2)
+    except FileNotFoundError:
+        return False  # evicted meanwhile by a live writer
+    return len(head) > 0 and not any(head)
