@@ -12,7 +12,10 @@ the checksummed stamps are the truth (SQLite's wal-index, Kafka's ``LogSegment.r
 3. keep the valid prefix, zero the stamps of the invalid tail (so stale stamps cannot come back),
    msync, and publish ``committed = synced = prefix`` with state SEALED.
 
-Rows published before a ``kill -9`` are always kept (the page cache survives the process); after
+A SEALED segment whose rows were not yet made durable (``synced < committed``: its writer died
+before the background sync finished, or writes with ``durability="process"``) is checked the
+same way once, by the first ``mode="a"`` open after its writer is gone; recovery then records it
+as synced. Rows published before a ``kill -9`` are always kept (the page cache survives the process); after
 a power loss only rows before ``synced`` are guaranteed. Leftover ``.tmp`` files (a segment being
 created) are removed and ``.deleted`` files (an eviction in progress) are finished.
 """
@@ -111,9 +114,9 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
         if parsed is None or parsed[1] != writer_id:
             continue
         path = store.segments_dir / name
-        state, _ = store._segment_state(path)
-        if state == STATE_SEALED:
-            continue
+        state, committed, synced = store._segment_state(path)
+        if state == STATE_SEALED and synced >= committed:
+            continue  # sealed and durable: trusted (verify checks it on demand)
         try:
             seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
         except FileNotFoundError:
@@ -122,7 +125,8 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
             report.unreadable[name] = str(exc)
             continue
         try:
-            if seg.control.state != STATE_SEALED:
+            c = seg.control
+            if c.state != STATE_SEALED or c.synced < c.committed:
                 kept, dropped = recover_segment(seg)
                 report.recovered[name] = kept
                 if dropped:

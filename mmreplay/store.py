@@ -328,7 +328,7 @@ class ReplayStore:
             parsed = parse_segment_name(name)
             if parsed is None:
                 continue
-            state, committed = self._segment_state(self.segments_dir / name)
+            state, committed, _ = self._segment_state(self.segments_dir / name)
             if state == STATE_SEALED:
                 sealed.append((parsed[0], name, committed))
         held = sum(c for _, _, c in sealed)
@@ -353,14 +353,15 @@ class ReplayStore:
             log.debug("evicted segments %s from %s", evicted, self.path)
         return evicted
 
-    def _segment_state(self, path: Path) -> tuple[int, int]:
+    def _segment_state(self, path: Path) -> tuple[int, int, int]:
+        """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
         try:
             with open(path, "rb") as fh:
                 buf = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
         except FileNotFoundError:
-            return 0, 0
+            return 0, 0, 0
         control, _ = read_control(buf)
-        return (control.state, control.committed) if control else (STATE_OPEN, 0)
+        return (control.state, control.committed, control.synced) if control else (STATE_OPEN, 0, 0)
 
     def _bump_stat(self, key: str, n: int) -> None:
         path = self.path / "stats.json"
