@@ -154,7 +154,7 @@ def main() -> None:
             p = MMReplayPeer(rows, args.batch, str(base), segment_records=-(-rows // nseg // args.batch) * args.batch)
             time_adds(p, batch_data, rows // args.batch, 1e9)
             p.store.refresh()
-            actual = len(p.store.reader.segments)
+            actual = int((p.store.reader.snapshot.committed > 0).sum())
             seg_rates[nseg] = (actual, time_samples(p, args.batch, args.seconds))
             p.close()
             print(f"mmreplay sampling over {actual} segments: {seg_rates[nseg][1]:,.0f} batches/s", flush=True)

@@ -111,8 +111,9 @@ class Segment:
         # (view, small): a few floats sum faster as Python floats than through a numpy reduction
         self.float_checks = [(v, v.shape[1] <= 64) for v in self.float_runs]
         self.stamp_seq = self.stamps["seq"]
-        self.stamp_crc = self.stamps["crc"]
-        self.stamp_glen = self.stamps["glen"]
+        # crc (low 32 bits) and group length (high 32 bits) as one little-endian u64 per row
+        self.stamp_tail = np.ndarray((layout.segment_records,), np.dtype("<u8"), buffer=self.mm,
+                                     offset=layout.stamps_offset + 8, strides=(16,))
         self.view = memoryview(self.mm)
         self.dir_synced = False  # the directory entry is known to be on disk
 
@@ -202,11 +203,35 @@ class Segment:
     def sync_control(self) -> None:
         msync(self.mm, CONTROL_OFFSET, PAGE_SIZE)
 
+    def close_durable(self, n: int) -> None:
+        """Close a sealed segment so that its ``n`` rows survive a power loss, then record them
+        as synced. The mapping is dropped *before* ``fdatasync``: writing back pages that are
+        still mapped makes the kernel write-protect them one by one (TLB shootdowns that stall
+        the appending thread); unmapped, the page cache is simply written out."""
+        fd = self._fd
+        self._unmap()
+        os.fdatasync(fd)
+        if not self.dir_synced:
+            fsync_dir(self.path.parent)
+        c = self.control
+        new = Control(c.version + 1, c.committed, n, c.state, c.seal_crc)
+        os.pwrite(fd, new.pack(), CONTROL_OFFSET + (1 - self._slot) * CONTROL_SLOT_SIZE)
+        os.close(fd)
+        self._fd = -1
+
+    def _unmap(self) -> None:
+        self.columns.clear()
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records
+        self.float_runs.clear()
+        self.float_checks.clear()
+        self.view.release()
+        self.mm.close()
+
     def close(self, *, fdatasync: bool = False) -> None:
         if self._fd < 0:
             return
         self.columns.clear()
-        del self.stamps, self.is_last, self.stamp_seq, self.stamp_crc, self.stamp_glen, self.records
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records
         self.float_runs.clear()
         self.float_checks.clear()
         self.view.release()

@@ -174,6 +174,7 @@ class Writer:
         self._one_names = [c.name for c in self.layout.columns[:-2]]
         self._one_types = [(self.schema[n].dtype, (1, *self.schema[n].shape)) for n in self._one_names]
         self._check_floats = nonfinite != "allow"
+        self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._one_names]
         self._names = frozenset(self.schema.names)
         self._nfields = len(self._names)
         self._fast = self.lanes == 1
@@ -215,8 +216,11 @@ class Writer:
         arrays ``envs.step`` returned, with the previous observation. Raises ``SchemaError``
         or ``InvalidValueError`` before writing anything if a field is wrong.
         """
-        if self._fast and batch is None:
-            self._add_one(fields)
+        if batch is None:
+            if self._fast:
+                self._add_one(fields)
+            else:
+                self._add_step(fields)
         else:
             self._append(batch, fields, (self.lanes,))
 
@@ -364,6 +368,39 @@ class Writer:
                 _failpoint.hit("after_payload")
             self._after_write(seg)
 
+    def _add_step(self, fields: dict[str, Any]) -> None:
+        """One vector step (``lanes > 1``) that fits the open segment: exact dtypes and shapes
+        checked field by field, copied, then the float runs of the new rows checked at once."""
+        if self._pid != _PID[0] or self._closed or self._failed is not None:
+            self._check()
+        if len(fields) != self._nfields:
+            return self._append(None, fields, (self.lanes,))
+        for name, dtype, shape in self._step_specs:
+            x = fields.get(name)
+            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
+                return self._append(None, fields, (self.lanes,))
+        L = self.lanes
+        with self._mutex:
+            seg = self._seg
+            n = self._n
+            if seg is None or n + L > self.usable:
+                return self._append(None, fields, (L,))
+            cols = seg.columns
+            for name in self._one_names:
+                cols[name][n : n + L] = fields[name]
+            seg.is_last[n : n + L] = self._prev_done
+            if self._check_floats:
+                for r, _ in seg.float_checks:
+                    if not math.isfinite(float(np.add.reduce(r[n : n + L], axis=None, dtype=np.float64))):
+                        seg.records[n : n + L] = self._zero_record  # never published, bytes as before
+                        return self._append(None, fields, (L,))  # exact check, error or warning
+            if self._has_done:
+                self._prev_done = np.logical_or(fields["terminated"], fields["truncated"])
+            self._n = n + L
+            if _failpoint.ACTIVE:
+                _failpoint.hit("after_payload")
+            self._after_write(seg)
+
     def _append(self, batch: Mapping[str, Any] | None, fields: dict[str, Any], lead: tuple[int, ...] | None) -> None:
         self._check()
         data = fields if batch is None else ({**batch, **fields} if fields else batch)
@@ -480,12 +517,10 @@ class Writer:
         crc = _extend(seg.view[lo:hi], crc)
         if k == 1:
             seg.stamp_seq[p] = seq0 + 1
-            seg.stamp_crc[p] = crc
-            seg.stamp_glen[p] = 1
+            seg.stamp_tail[p] = crc | (1 << 32)
         else:
             np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=seg.stamp_seq[p:n])
-            seg.stamp_crc[p:n] = crc
-            seg.stamp_glen[p:n] = k
+            seg.stamp_tail[p:n] = crc | (k << 32)
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")
         if self.durability == "batch":
@@ -575,8 +610,5 @@ class Writer:
 
 
 def _make_durable(seg: Segment, n: int) -> None:
-    """msync a sealed segment's rows, then record them as synced, then close it."""
-    seg.make_durable(0, n)
-    seg.publish(n, synced=n)
-    seg.sync_control()
-    seg.close(fdatasync=True)
+    """Make a sealed segment's rows durable, then record them as synced, and close it."""
+    seg.close_durable(n)
