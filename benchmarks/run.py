@@ -15,7 +15,8 @@ terminated/truncated flags; capacity 1,000,000.
 mmreplay writes to disk-backed persistent segments in a temporary directory on the same disk
 as TorchRL's memmap storage (``--dir``); SB3 and cpprb keep everything in RAM. Peers store
 ``next_obs`` explicitly; mmreplay derives it from the next row of the lane. Ratios are
-mmreplay's rate over the best peer's, measured in this run.
+mmreplay's rate over the best peer's, measured in this run. Before each timed phase the harness
+runs ``sync`` and waits, so no system is timed while another's disk writeback is in flight.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -77,8 +79,17 @@ def _data(n_envs: int, n: int, rng: np.random.Generator):
     ]
 
 
+def quiesce() -> None:
+    """Let the kernel finish writing back earlier phases' dirty pages, so no system is timed
+    while another one's disk traffic is still in flight."""
+    gc.collect()
+    os.sync()
+    time.sleep(0.5)
+
+
 def time_adds(peer, data, total: int, seconds: float) -> float:
     """Steps added per second (each step has ``n_envs`` transitions); stops at total or time."""
+    quiesce()
     t0 = time.perf_counter()
     deadline = t0 + seconds
     i = 0
@@ -93,6 +104,7 @@ def time_adds(peer, data, total: int, seconds: float) -> float:
 
 
 def time_samples(peer, batch: int, seconds: float) -> float:
+    quiesce()
     peer.sample(batch)
     n = 0
     t0 = time.perf_counter()
@@ -113,13 +125,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="capacity 100k, 1 s per measurement")
     ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers to include")
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per system; the table shows medians")
     ap.add_argument("--durability", default="segment", choices=["process", "segment", "batch"],
                     help="mmreplay writer durability (default: the library default, 'segment')")
     args = ap.parse_args()
     global DURABILITY
     DURABILITY = args.durability
     if args.quick:
-        args.capacity, args.seconds, args.single = 100_000, 1.0, 50_000
+        args.capacity, args.seconds, args.single, args.repeats = 100_000, 1.0, 50_000, 1
     base = Path(tempfile.mkdtemp(prefix="mmreplay-bench-", dir=args.dir or "/var/tmp"))
     avail = available()
     names = [n for n in args.peers.split(",") if n]
@@ -130,24 +143,27 @@ def main() -> None:
     rng = np.random.default_rng(0)
     single_data = _data(1, 4096, rng)
     batch_data = _data(args.batch, 64, rng)
-    results: dict[str, dict[str, float]] = {}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
     try:
-        for name, cls in systems.items():
-            r: dict[str, float] = {}
-            p = cls(args.capacity, 1, str(base))
-            r["single_adds_per_s"] = time_adds(p, single_data, args.single, args.seconds)
-            getattr(p, "close", lambda: None)()
-            del p
-            gc.collect()
-            p = cls(args.capacity, args.batch, str(base))
-            steps = args.capacity // args.batch
-            r["batched_rows_per_s"] = time_adds(p, batch_data, steps, 1e9) * args.batch
-            r["sample_batches_per_s"] = time_samples(p, args.batch, args.seconds)
-            getattr(p, "close", lambda: None)()
-            del p
-            gc.collect()
-            results[name] = r
-            print(f"{name:>9}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()), flush=True)
+        for rep in range(args.repeats):  # systems interleaved, so slow spells of the machine hit all
+            for name, cls in systems.items():
+                r: dict[str, float] = {}
+                p = cls(args.capacity, 1, str(base))
+                r["single_adds_per_s"] = time_adds(p, single_data, args.single, args.seconds)
+                getattr(p, "close", lambda: None)()
+                del p
+                gc.collect()
+                p = cls(args.capacity, args.batch, str(base))
+                steps = args.capacity // args.batch
+                r["batched_rows_per_s"] = time_adds(p, batch_data, steps, 1e9) * args.batch
+                r["sample_batches_per_s"] = time_samples(p, args.batch, args.seconds)
+                getattr(p, "close", lambda: None)()
+                del p
+                gc.collect()
+                runs[name].append(r)
+                print(f"[{rep + 1}/{args.repeats}] {name:>9}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()),
+                      flush=True)
+        results = {name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for name, rs in runs.items()}
         seg_rates = {}
         for nseg in (1, 16, 256):
             rows = args.capacity
@@ -165,7 +181,7 @@ def main() -> None:
                ("sample_batches_per_s", "uniform sample (batches/s, batch 256)")]
     peers = [n for n in results if n != "mmreplay"]
     print()
-    print(f"mmreplay durability={args.durability!r}")
+    print(f"mmreplay durability={args.durability!r}; medians of {args.repeats} interleaved runs")
     print("| workload (capacity {:,}) | {} | best peer | mmreplay / best |".format(
         args.capacity, " | ".join(results)))
     print("|---" * (len(results) + 3) + "|")
@@ -179,7 +195,7 @@ def main() -> None:
     print("|---" * (len(seg_rates) + 1) + "|")
     print("| sample batches/s | " + " | ".join(f"{v[1]:,.0f}" for v in seg_rates.values()) + " |")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "results": results,
+        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "results": results, "runs": runs,
                                                    "segments": {str(k): v for k, v in seg_rates.items()}}, indent=2))
 
 

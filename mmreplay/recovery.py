@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import crc32c as _crc32c
@@ -32,7 +33,8 @@ import numpy as np
 
 from ._format import PAGE_SIZE, STATE_SEALED, group_seed
 from .errors import CorruptSegmentError
-from .segment import Segment, parse_segment_name
+from ._fs import fsync_dir
+from .segment import Segment, parse_segment_name, read_segment_meta
 
 if TYPE_CHECKING:
     from .store import ReplayStore
@@ -107,34 +109,78 @@ def recover_segment(seg: Segment) -> tuple[int, int]:
 
 
 def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | None = None) -> RecoveryReport:
-    """Recover the OPEN segments of ``writer_id`` (caller holds that writer's lock)."""
+    """Recover the segments of ``writer_id`` left unfinished (caller holds that writer's lock).
+
+    Segments are taken session by session in chain order. Once one had to be cut short (its
+    rows never reached the disk whole), every later segment of the same session is removed,
+    like Kafka deleting the log after a truncated segment: a writer's visible rows always stay
+    an exact prefix of what it wrote, never a later stretch without the rows before it.
+    """
     report = report if report is not None else RecoveryReport()
-    for name in sorted(os.listdir(store.segments_dir)):
+    sessions: dict[int, list[tuple[int, str, int, int]]] = {}
+    for name in os.listdir(store.segments_dir):
         parsed = parse_segment_name(name)
         if parsed is None or parsed[1] != writer_id:
             continue
-        path = store.segments_dir / name
-        state, committed, synced = store._segment_state(path)
-        if state == STATE_SEALED and synced >= committed:
-            continue  # sealed and durable: trusted (verify checks it on demand)
         try:
-            seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
+            fd = os.open(store.segments_dir / name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             continue
+        try:
+            header, _ = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
         except CorruptSegmentError as exc:
             report.unreadable[name] = str(exc)
             continue
-        try:
-            c = seg.control
-            if c.state != STATE_SEALED or c.synced < c.committed:
-                kept, dropped = recover_segment(seg)
-                report.recovered[name] = kept
-                if dropped:
-                    report.dropped[name] = dropped
-                log.info("recovered %s: kept %d rows, dropped %d", path, kept, dropped)
         finally:
-            seg.close(fdatasync=True)
+            os.close(fd)
+        sessions.setdefault(header.session_epoch, []).append((header.chain_index, name, header.usable_records, 0))
+    for chain in sessions.values():
+        chain.sort()
+        cut = False
+        for i, (_, name, usable, _) in enumerate(chain):
+            path = store.segments_dir / name
+            if cut:
+                _remove(path)
+                report.dropped[name] = report.dropped.get(name, 0) + store._segment_state(path)[1]
+                report.cleaned.append(name)
+                continue
+            kept = _recover_one(store, path, name, report)
+            if kept is not None and kept < usable and i + 1 < len(chain):
+                cut = True  # a session only moves on from a full segment: the rest is unreachable
     return report
+
+
+def _recover_one(store: ReplayStore, path: Path, name: str, report: RecoveryReport) -> int | None:
+    """Recover one segment if it needs it; its row count afterwards (None if unreadable)."""
+    state, committed, synced = store._segment_state(path)
+    if state == STATE_SEALED and synced >= committed:
+        return committed  # sealed and durable: trusted (verify checks it on demand)
+    try:
+        seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
+    except FileNotFoundError:
+        return None
+    except CorruptSegmentError as exc:
+        report.unreadable[name] = str(exc)
+        return None
+    try:
+        kept, dropped = recover_segment(seg)
+        report.recovered[name] = kept
+        if dropped:
+            report.dropped[name] = dropped
+        log.info("recovered %s: kept %d rows, dropped %d", path, kept, dropped)
+        return kept
+    finally:
+        seg.close(fdatasync=True)
+
+
+def _remove(path: Path) -> None:
+    doomed = path.with_name(path.name + ".deleted")
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return
+    doomed.unlink()
+    fsync_dir(path.parent)
 
 
 def recover_abandoned(store: ReplayStore) -> RecoveryReport:

@@ -54,16 +54,15 @@ import secrets
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import crc32c as _crc32c
 import numpy as np
 
 from . import _failpoint
-from ._format import STATE_SEALED, Header, group_seed
-from ._fs import fsync_dir
-from .errors import DiskFullError, SchemaError, StoreClosedError, WriterBusyError, WriterFailedError
+from ._format import STATE_SEALED, group_seed
+from ._supply import SegmentSupply
+from .errors import SchemaError, StoreClosedError, WriterBusyError, WriterFailedError
 from .segment import Segment, now_ns
 
 if TYPE_CHECKING:
@@ -145,21 +144,16 @@ class Writer:
             raise
         self.epoch = secrets.randbits(63) | 1
         self.rows_written = 0
-        self._chain = 0
+        self._supply = SegmentSupply(store, self.writer_id, self.lanes, self.usable, self.epoch, durability)
         self._seg: Segment | None = None
-        self._n = 0  # committed rows of the current segment
+        self._n = 0  # rows written to the current segment
         self._synced = 0
-        self._spare: list[Segment] = []
         self._prev_done = np.zeros(self.lanes, np.bool_)
         self._failed: BaseException | None = None
         self._closed = False
         self._has_done = "terminated" in self.schema and "truncated" in self.schema
         # group commit: rows are stamped and published together (see the module docstring)
         self._mutex = threading.RLock()
-        self._syncer: ThreadPoolExecutor | None = None
-        self._allocator: ThreadPoolExecutor | None = None
-        self._ahead: Future[Segment] | None = None
-        self._syncs: list[Future[None]] = []
         self._pub = 0  # published rows of the current segment
         self._staged_at = 0.0
         self._pub_rows = 1 if durability == "batch" else int(publish_rows)
@@ -270,25 +264,17 @@ class Writer:
                 if self._seg is not None and self._failed is None:
                     self._publish()
                     if self._n == 0:
-                        self._discard(self._seg)  # never written: leave no empty segment behind
+                        self._supply.discard(self._seg)  # never written: leave no empty segment
                     else:
                         if self._n < self.usable:
                             self._seal(self._seg)
-                        self._retire(self._seg)
+                        self._supply.retire(self._seg)
                     self._seg = None
-                if self._syncer is not None:
-                    self._syncer.shutdown(wait=True)
-                    self._wait_syncs()
-                if self._ahead is not None:
-                    try:
-                        self._take_ahead()
-                    except Exception:  # noqa: S110 - an unused spare that failed to be made
-                        pass
-                for spare in self._spare:
-                    self._discard(spare)
-                self._spare.clear()
-                if self._allocator is not None:
-                    self._allocator.shutdown(wait=True)
+                try:
+                    self._supply.close()
+                except BaseException as exc:
+                    self._failed = exc
+                    raise
         finally:
             self._closed = True
             atexit.unregister(self._atexit)
@@ -450,12 +436,8 @@ class Writer:
         """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
         # allocate every segment this batch needs before writing a byte of it
         free = self.usable - self._n if self._seg is not None else 0
-        need = 0 if rows <= free else -(-(rows - free) // self.usable)
-        if need > len(self._spare):
-            self._take_ahead()
-        first_chain = self._chain + 1 if self._seg is not None else self._chain
-        while len(self._spare) < need:
-            self._spare.append(self._new_segment(first_chain + len(self._spare)))
+        if rows > free:
+            self._supply.ensure(-(-(rows - free) // self.usable))
         pos = 0
         try:
             while pos < rows:
@@ -490,19 +472,8 @@ class Writer:
             self._publish()
             if n == self.usable:
                 self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
-        if not self._spare and self._ahead is None and self.usable > 1:
-            # make the next segment in the background (fallocate, fsyncs, page population) so
-            # that rolling over costs nothing on the append path
-            if self._allocator is None:
-                self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
-            self._ahead = self._allocator.submit(self._new_segment, self._chain + 1)
+        self._supply.prefetch()  # the next segment is made in the background, ahead of need
         self.store._dirty = True
-
-    def _take_ahead(self) -> None:
-        """Collect the segment made in the background, if any (caller holds the mutex)."""
-        if self._ahead is not None:
-            ahead, self._ahead = self._ahead, None
-            self._spare.append(ahead.result())
 
     def _publish(self) -> None:
         """Stamp rows ``[pub, n)`` as one commit group and publish them. Caller holds the mutex."""
@@ -536,13 +507,10 @@ class Writer:
         self.rows_written = seq0 + k
 
     def _roll(self) -> None:
-        if not self._spare:
-            self._take_ahead()
+        nxt = self._supply.next()
         if self._seg is not None:  # full, hence already published and sealed
-            self._retire(self._seg)
-        self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
-        self._chain = self._chain + 1 if self._seg is not None else self._chain
-        self._seg = self._spare.pop(0) if self._spare else self._new_segment(self._chain)
+            self._supply.retire(self._seg)
+        self._seg = nxt
         self._n = self._synced = self._pub = 0
         self.store._need_scan = True
 
@@ -553,62 +521,9 @@ class Writer:
             _failpoint.hit("mid_seal")
         seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)
 
-    def _retire(self, seg: Segment) -> None:
-        """Make a sealed segment durable and close it: in the background for ``segment``
-        durability (``flush()``/``close()`` wait for it), at once otherwise."""
-        if self.durability == "process":
-            seg.close()
-        elif self.durability == "batch":
-            seg.close(fdatasync=True)
-        else:
-            if self._syncer is None:
-                self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
-            self._syncs.append(self._syncer.submit(_make_durable, seg, seg.control.committed))
-
     def _wait_syncs(self) -> None:
-        syncs, self._syncs = self._syncs, []
-        for f in syncs:
-            exc = f.exception()
-            if exc is not None:
-                self._failed = exc
-                raise exc
-
-    def _new_segment(self, chain_index: int) -> Segment:
-        store = self.store
-        alloc = store._lock("alloc.lock")
-        alloc.acquire(exclusive=True, blocking=True)
         try:
-            store.evict_for_new_segment()
-            sid = store.allocate_segment_id(durable=self.durability == "batch")
-            header = Header(
-                store_uuid=store.store_uuid, segment_id=sid, writer_id=self.writer_id, lanes=self.lanes,
-                session_epoch=self.epoch, chain_index=chain_index,
-                first_seq=chain_index * self.usable,
-                schema_hash=self.schema.hash, segment_records=store.segment_records, usable_records=self.usable,
-                file_size=self.layout.file_size, created_ns=now_ns(),
-            )
-            try:
-                return Segment.create(store.segments_dir, header, self.layout, durable=self.durability == "batch")
-            except DiskFullError:
-                if store.on_full != "evict" or not self._evict_one():
-                    raise
-                return Segment.create(store.segments_dir, header, self.layout, durable=self.durability == "batch")
-        finally:
-            alloc.release()
-
-    def _evict_one(self) -> bool:
-        """On a full disk, delete the oldest sealed segment whatever the capacity (alloc.lock held)."""
-        return bool(self.store.evict_for_new_segment(force_one=True))
-
-    def _discard(self, seg: Segment) -> None:
-        path = seg.path
-        seg.close()
-        doomed = path.with_name(path.name + ".deleted")
-        os.rename(path, doomed)
-        doomed.unlink()
-        fsync_dir(path.parent)
-
-
-def _make_durable(seg: Segment, n: int) -> None:
-    """Make a sealed segment's rows durable, then record them as synced, and close it."""
-    seg.close_durable(n)
+            self._supply.wait()
+        except BaseException as exc:
+            self._failed = exc
+            raise

@@ -167,8 +167,8 @@ def test_power_loss_tail_fuzz(tmp_path, durability):
     outcomes): recovery keeps every synced row and never exposes a fuzzed one."""
     rng = np.random.default_rng(5)
     path = tmp_path / "s"
-    mmreplay.create_store(path, SCHEMA, segment_records=512).close()
-    for rnd in range(8):
+    mmreplay.create_store(path, SCHEMA, segment_records=128).close()  # several segments per session
+    for rnd in range(12):
         key = rnd + 1
         p = subprocess.Popen([sys.executable, CHILD, "writer", str(path), str(key), "100000", durability],
                              stdout=subprocess.PIPE, text=True)
@@ -324,8 +324,7 @@ def test_disk_full_with_eviction_evicts_and_continues(tmp_path, monkeypatch):
 
     for seq in range(64):
         add(seq)
-    w._take_ahead()
-    w._spare.clear()
+    w._supply.drop_spares()
     monkeypatch.setattr(os, "posix_fallocate", flaky)
     state["fail"] = 1  # the next allocation fails once: one sealed segment is evicted, then it retries
     for seq in range(64, 100):

@@ -90,11 +90,9 @@ def test_disk_full_at_writer_open(store, monkeypatch):
 def test_disk_full_at_segment_roll_keeps_committed_rows(tmp_path, schema, monkeypatch):
     s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16, on_full="error")
     w = s.writer(lanes=2, publish_rows=1)
-    w._ahead and w._ahead.result()  # let the background allocation finish first
     for t in range(8):
         w.add(**step(2, t))
-    w._take_ahead()
-    w._spare.clear()  # forget the spare so the next roll must allocate
+    w._supply.drop_spares()  # so the next roll must allocate, and hit the full disk
     monkeypatch.setattr(os, "posix_fallocate", _enospc)
     with pytest.raises(DiskFullError):
         w.add_batch({k: np.stack([v] * 20) for k, v in step(2, 8).items()})
