@@ -16,7 +16,8 @@ mmreplay writes to disk-backed persistent segments in a temporary directory on t
 as TorchRL's memmap storage (``--dir``); SB3 and cpprb keep everything in RAM. Peers store
 ``next_obs`` explicitly; mmreplay derives it from the next row of the lane. Ratios are
 mmreplay's rate over the best peer's, measured in this run. Before each timed phase the harness
-runs ``sync`` and waits, so no system is timed while another's disk writeback is in flight.
+runs ``sync`` and waits before each system is made, so no system is timed while another's disk
+writeback is in flight.
 """
 
 from __future__ import annotations
@@ -89,7 +90,6 @@ def quiesce() -> None:
 
 def time_adds(peer, data, total: int, seconds: float) -> float:
     """Steps added per second (each step has ``n_envs`` transitions); stops at total or time."""
-    quiesce()
     t0 = time.perf_counter()
     deadline = t0 + seconds
     i = 0
@@ -148,11 +148,14 @@ def main() -> None:
         for rep in range(args.repeats):  # systems interleaved, so slow spells of the machine hit all
             for name, cls in systems.items():
                 r: dict[str, float] = {}
+                quiesce()  # before a system is made, not between making it and timing it (a sync
+                # there would write back mmreplay's pre-faulted pages and fault them in again)
                 p = cls(args.capacity, 1, str(base))
                 r["single_adds_per_s"] = time_adds(p, single_data, args.single, args.seconds)
                 getattr(p, "close", lambda: None)()
                 del p
                 gc.collect()
+                quiesce()
                 p = cls(args.capacity, args.batch, str(base))
                 steps = args.capacity // args.batch
                 r["batched_rows_per_s"] = time_adds(p, batch_data, steps, 1e9) * args.batch
@@ -167,6 +170,7 @@ def main() -> None:
         seg_rates = {}
         for nseg in (1, 16, 256):
             rows = args.capacity
+            quiesce()
             p = MMReplayPeer(rows, args.batch, str(base), segment_records=-(-rows // nseg // args.batch) * args.batch)
             time_adds(p, batch_data, rows // args.batch, 1e9)
             p.store.refresh()

@@ -74,8 +74,9 @@ class StoreReader:
     """Maps a store's segments and gathers rows by id. Owned by ``ReplayStore``."""
 
     def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *,
-                 initial_windows: int = 16, on_corrupt: str = "raise") -> None:
+                 initial_windows: int = 16, on_corrupt: str = "raise", verify: str = "off") -> None:
         self.on_corrupt = on_corrupt
+        self.verify = verify
         self.dir = segments_dir
         self.layout = layout
         self.store_uuid = store_uuid
@@ -185,7 +186,26 @@ class StoreReader:
         # visible yet (weakly ordered CPU), keep the previous count
         if n > m.committed and self.stamps[m.window, n - 1]["seq"] != m.header.first_seq + n:
             return
+        if self.verify != "off" and n > m.committed:
+            n = self._verified(m, n)
         m.committed, m.state, m.version = n, control.state, control.version
+
+    def _verified(self, m: _Mapped, n: int) -> int:
+        """Check the new rows' stamps and checksums before they become visible (``verify=``)."""
+        from .recovery import check_groups
+
+        w = m.window
+        base = w * self.region.slot_bytes
+        view = self.bytes[base : base + self.layout.file_size]
+        good = check_groups(m.header, self.layout, self.stamps[w], view, m.committed, n)
+        if good >= n:
+            return n
+        msg = f"{self.dir / m.name}: row {good} fails its stamp or crc32c check"
+        if self.verify == "strict":
+            raise CorruptSegmentError(msg, hint="run `mmreplay verify --repair`, or open with verify='salvage'")
+        log.warning("%s; rows from there on are left out (verify='salvage')", msg)
+        self.skipped[m.name] = msg
+        return good
 
     def _rebuild(self) -> None:
         ms = sorted(self.segments.values(), key=lambda m: m.header.segment_id)

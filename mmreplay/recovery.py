@@ -26,12 +26,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import crc32c as _crc32c
 import numpy as np
 
-from ._format import PAGE_SIZE, STATE_SEALED, group_seed
+from ._format import PAGE_SIZE, STATE_SEALED, Header, Layout, group_seed
 from .errors import CorruptSegmentError
 from ._fs import fsync_dir
 from .segment import Segment, parse_segment_name, read_segment_meta
@@ -59,10 +59,14 @@ class RecoveryReport:
 
 def valid_prefix(seg: Segment, start: int, stop: int) -> int:
     """Length of the longest valid prefix of ``seg``'s rows, checking groups from ``start``."""
-    h = seg.header
-    st = seg.stamps
+    return check_groups(seg.header, seg.layout, seg.stamps, seg.view, start, stop)
+
+
+def check_groups(h: Header, layout: Layout, st: np.ndarray, view: Any, start: int, stop: int) -> int:
+    """Walk commit groups from ``start`` (a group boundary) towards ``stop``; return where the
+    first invalid group begins (``>= stop`` when all are valid). ``st`` is the segment's stamp
+    column, ``view`` a buffer of the whole segment file."""
     i = start
-    view = seg.view
     while i < stop:
         seq = int(st["seq"][i])
         k = int(st["glen"][i])
@@ -76,7 +80,7 @@ def valid_prefix(seg: Segment, start: int, stop: int) -> int:
         ):
             break
         crc = group_seed(h, i, seq, k)
-        lo, hi = seg.layout.records_span(i, i + k)
+        lo, hi = layout.records_span(i, i + k)
         crc = _crc32c.crc32c(view[lo:hi], crc)
         if crc != int(grp["crc"][0]):
             break

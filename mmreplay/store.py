@@ -133,19 +133,30 @@ def create_store(
 
 
 def open_store(
-    path: str | os.PathLike[str], mode: Literal["r", "a"] = "r", *, on_corrupt: Literal["raise", "skip"] = "raise"
+    path: str | os.PathLike[str],
+    mode: Literal["r", "a"] = "r",
+    *,
+    on_corrupt: Literal["raise", "skip"] = "raise",
+    verify: Literal["off", "strict", "salvage"] = "off",
 ) -> ReplayStore:
     """Open an existing store: ``"r"`` to read (no locks, no writes) or ``"a"`` to also write.
 
     ``on_corrupt``: a segment file with a bad header, wrong size or foreign origin raises
     ``CorruptSegmentError`` (``"raise"``, the default) or is left out and reported by ``info()``
     (``"skip"``). ``mmreplay verify --repair`` quarantines such files.
+
+    ``verify``: ``"off"`` (default) trusts checksummed rows once published; ``"strict"`` checks
+    every row's stamp and crc32c before it becomes visible and raises ``CorruptSegmentError`` on
+    a mismatch; ``"salvage"`` leaves the damaged rows (and the rest of their segment) out and
+    reports them in ``info()``. Checking costs one crc32c pass over the data, once.
     """
+    if verify not in ("off", "strict", "salvage"):
+        raise ValueError(f"`verify` must be 'off', 'strict' or 'salvage', got {verify!r}")
     if mode not in ("r", "a"):
         raise ValueError(f"`mode` must be 'r' or 'a', got {mode!r}")
     if on_corrupt not in ("raise", "skip"):
         raise ValueError(f"`on_corrupt` must be 'raise' or 'skip', got {on_corrupt!r}")
-    return ReplayStore(Path(path), mode, on_corrupt=on_corrupt)
+    return ReplayStore(Path(path), mode, on_corrupt=on_corrupt, verify=verify)
 
 
 def _manifest_bytes(body: dict[str, Any]) -> bytes:
@@ -217,7 +228,8 @@ class ReplayStore:
     session with its own lanes and segments. Not to be used after ``fork()``.
     """
 
-    def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "raise") -> None:
+    def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "raise",
+                 verify: Literal["off", "strict", "salvage"] = "off") -> None:
         self.path = path
         self.mode = mode
         m = _read_manifest(path)
@@ -244,7 +256,7 @@ class ReplayStore:
         windows = max(16, 2 * (-(-self.capacity // self.segment_records)) + 8)
         self.reader = StoreReader(self.segments_dir, self.layout, self.store_uuid, self.schema.hash,
                                   initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)),
-                                  on_corrupt=on_corrupt)
+                                  on_corrupt=on_corrupt, verify=verify)
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
         self.reader.refresh()

@@ -472,7 +472,8 @@ class Writer:
             self._publish()
             if n == self.usable:
                 self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
-        self._supply.prefetch()  # the next segment is made in the background, ahead of need
+        if 2 * n >= self.usable:  # the next segment is made in the background, ahead of need
+            self._supply.prefetch()
         self.store._dirty = True
 
     def _publish(self) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _children import SCHEMA
+from _children import SCHEMA, check_rows
 from click.testing import CliRunner
 from test_fault_kill import CHILD, assert_prefix, visible_rows
 
@@ -333,3 +333,29 @@ def test_disk_full_with_eviction_evicts_and_continues(tmp_path, monkeypatch):
     info = s.info()
     assert info["evicted_segments"] == 1 and info["rows"] == 100 - 16
     s.close()
+
+
+@pytest.mark.parametrize("mode", ["strict", "salvage"])
+def test_sampling_with_verification(tmp_path, mode):
+    """RELIABILITY #5: rows are checked before they become visible; a damaged one raises
+    (strict) or is left out with the rest of its segment (salvage)."""
+    path = filled(tmp_path, rows=96, segment_records=32)
+    lay = mmreplay.open_store(path).layout
+    victim = segs(path)[1]
+    flip(victim, lay.records_offset + 10 * lay.record_bytes + 1)
+    if mode == "strict":
+        with pytest.raises(CorruptSegmentError, match=rf"{victim.name}: row \d+ fails"):
+            mmreplay.open_store(path, verify="strict")
+        return
+    s = mmreplay.open_store(path, verify="salvage")
+    assert victim.name in s.info()["unreadable_segments"]
+    b = mmreplay.UniformSampler(s, seed=0).sample(2000)
+    assert check_rows(b.obs, b.action, b.reward, b.terminated) is None  # never the damaged row
+    seq = b.obs[:, 1].astype(int)
+    # one row per commit group here: the damaged row 32+10 and the rest of its segment are out
+    assert not ((seq >= 42) & (seq < 64)).any()
+    assert (seq < 32).any() and ((seq >= 32) & (seq < 42)).any() and (seq >= 64).any()
+    s.close()
+    clean = mmreplay.open_store(filled(tmp_path / "clean", rows=96, segment_records=32), verify="strict")
+    assert clean.num_rows == 96
+    clean.close()
