@@ -168,7 +168,7 @@ def run_config(ctx, workdir: Path, name: str, spec: dict, total: int, writers: i
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead and results.empty():
                     raise RuntimeError(f"{name}, {writers} writers: writer process(es) died: "
-                                       + ", ".join(f"{p.name} exit {p.exitcode}" for p in dead))
+                                       + ", ".join(f"{p.name} exit {p.exitcode}" for p in dead)) from None
     finally:
         for p in procs:
             p.join(timeout=60)

@@ -60,7 +60,7 @@ def test_eviction_under_concurrent_writers_keeps_capacity(tmp_path):
     info = s.info()
     assert 2000 <= info["rows"] <= 2000 + 2 * 128 and info["evicted_segments"] > 0
     s.close()
-    for k, seqs in visible_rows(path).items():
+    for seqs in visible_rows(path).values():
         assert_prefix(seqs, 3000, evicted_ok=True)  # the newest rows of each writer survive
     ids = np.unique(np.array([int(p.name[:13]) for p in (path / "segments").iterdir()]))
     assert len(ids) == len(list((path / "segments").iterdir()))
