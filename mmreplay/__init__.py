@@ -26,7 +26,8 @@ from .errors import (  # noqa: E402
     WriterBusyError,
     WriterFailedError,
 )
-from .sampler import UniformSampler  # noqa: E402
+from .prioritized import PrioritizedSampler  # noqa: E402
+from .sampler import TransitionSampler, UniformSampler  # noqa: E402
 from .schema import Field, Schema  # noqa: E402
 from .store import ReplayStore, create_store, open_store  # noqa: E402
 from .view import TransitionBatch  # noqa: E402
@@ -41,6 +42,7 @@ __all__ = [
     "FormatVersionError",
     "InvalidValueError",
     "MMReplayError",
+    "PrioritizedSampler",
     "ReadOnlyStoreError",
     "ReplayStore",
     "Schema",
@@ -51,6 +53,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "TransitionBatch",
+    "TransitionSampler",
     "UniformSampler",
     "Writer",
     "WriterBusyError",

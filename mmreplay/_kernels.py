@@ -54,11 +54,7 @@ def draw(state, n, total, out):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off, seg_records, fields, out, ids):
-    r4 = region.view(np.uint32)
-    r8 = region.view(np.uint64)
-    o4 = out.view(np.uint32)
-    o8 = out.view(np.uint64)  # pragma: no cover - compiled
+def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off, seg_records, fields, out, ids):  # pragma: no cover - compiled
     """Fill rows ``start..len(ids)`` with uniform transitions from ``nrand`` draws.
 
     Draws come from the xoshiro256** ``state`` (4 uint64 words, advanced in place), seeded by
@@ -73,6 +69,10 @@ def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off,
     small segment table; read every candidate's ``is_last`` flag and touch its next record;
     then copy the fields of the valid ones.
     """
+    r4 = region.view(np.uint32)
+    r8 = region.view(np.uint64)
+    o4 = out.view(np.uint32)
+    o8 = out.view(np.uint64)
     nseg = seg.shape[0]
     batch = ids.shape[0]
     rand = draw(state, nrand, seg[nseg - 1, SEG_CUM_END], np.empty(nrand, np.int64))
@@ -117,22 +117,56 @@ def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off,
     while i < batch and j < nrand:
         if ok[j]:
             ids[i] = rid[j]
-            for f in range(nf):
-                n = fields[f, F_LEN]
-                src = (noffs[j] if fields[f, F_NEXT] else roffs[j]) + fields[f, F_REC_OFF]
-                dst = fields[f, F_OUT_OFF] + i * n
-                if ((src | dst | n) & 7) == 0:
-                    for w in range(n >> 3):
-                        o8[(dst >> 3) + w] = r8[(src >> 3) + w]
-                elif ((src | dst | n) & 3) == 0:
-                    for w in range(n >> 2):
-                        o4[(dst >> 2) + w] = r4[(src >> 2) + w]
-                else:
-                    for b in range(n):
-                        out[dst + b] = region[src + b]
+            _copy_row(region, r4, r8, out, o4, o8, fields, i, roffs[j], noffs[j])
             i += 1
         j += 1
     return i, j, touched
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _copy_row(region, r4, r8, out, o4, o8, fields, i, roff, noff):  # pragma: no cover - compiled
+    """Copy every planned field of one transition into row ``i`` of the output blocks, in the
+    widest words both ends are aligned to (two to six times faster than slice copies here)."""
+    for f in range(fields.shape[0]):
+        n = fields[f, F_LEN]
+        src = (noff if fields[f, F_NEXT] else roff) + fields[f, F_REC_OFF]
+        dst = fields[f, F_OUT_OFF] + i * n
+        if ((src | dst | n) & 7) == 0:
+            for w in range(n >> 3):
+                o8[(dst >> 3) + w] = r8[(src >> 3) + w]
+        elif ((src | dst | n) & 3) == 0:
+            for w in range(n >> 2):
+                o4[(dst >> 2) + w] = r4[(src >> 2) + w]
+        else:
+            for b in range(n):
+                out[dst + b] = region[src + b]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def gather_at(seg, region, rec_bytes, ks, slots, fields, out):  # pragma: no cover - compiled
+    """Copy the transitions starting at snapshot segment ``ks[i]``, row ``slots[i]`` (each known
+    to be a valid transition start) into the output blocks; prefetch pass first, as above."""
+    r4 = region.view(np.uint32)
+    r8 = region.view(np.uint64)
+    o4 = out.view(np.uint32)
+    o8 = out.view(np.uint64)
+    b = ks.shape[0]
+    roffs = np.empty(b, np.int64)
+    noffs = np.empty(b, np.int64)
+    touched = 0
+    for i in range(b):
+        k = ks[i]
+        slot = slots[i]
+        roffs[i] = seg[k, SEG_BASE] + slot * rec_bytes
+        nxt = slot + seg[k, SEG_LANES]
+        if nxt < seg[k, SEG_COMMITTED]:
+            noffs[i] = seg[k, SEG_BASE] + nxt * rec_bytes
+        else:
+            noffs[i] = seg[seg[k, SEG_SUCC], SEG_BASE] + (nxt - seg[k, SEG_USABLE]) * rec_bytes
+        touched += region[roffs[i]] + region[noffs[i]] + region[noffs[i] + rec_bytes - 1]
+    for i in range(b):
+        _copy_row(region, r4, r8, out, o4, o8, fields, i, roffs[i], noffs[i])
+    return touched
 
 
 def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, records_offset, segment_ids) -> np.ndarray:

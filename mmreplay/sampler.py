@@ -28,20 +28,9 @@ if TYPE_CHECKING:
 _MAX_ROUNDS = 64
 
 
-class UniformSampler:
-    """Uniform one-step transitions from a store.
-
-    Parameters
-    ----------
-    store
-        An open store (``mode="r"`` or ``"a"``).
-    seed
-        Seed of the sampler's own ``numpy.random.Generator``: same store contents and seed,
-        same batches.
-    refresh_interval_s
-        How often to look for segments written by other processes; ``None`` never refreshes
-        automatically (call ``store.refresh()`` yourself).
-    """
+class TransitionSampler:
+    """What every transition sampler shares: the refresh policy, the gather plan, and turning
+    the gathered bytes into a ``TransitionBatch``. Subclasses choose the rows."""
 
     def __init__(self, store: ReplayStore, *, seed: int | None = None, refresh_interval_s: float | None = 1.0) -> None:
         store.schema.require_transition_fields()
@@ -80,6 +69,38 @@ class UniformSampler:
             self._plans[batch_size] = plan
         return plan
 
+    def _assemble(self, out: np.ndarray, ids: np.ndarray, where: list[tuple[Any, ...]],
+                  weights: np.ndarray | None = None) -> TransitionBatch:
+        """Views of the gathered blocks as a batch (no copy)."""
+        cur: dict[str, np.ndarray] = {}
+        nxt: dict[str, np.ndarray] = {}
+        for name, is_next, off, dtype, shape in where:
+            (nxt if is_next else cur)[name] = np.ndarray(shape, dtype, buffer=out, offset=off)
+        if self._single_obs:
+            obs, next_obs = cur.pop("obs"), nxt["obs"]
+        else:
+            obs_names = self.store.schema.obs_names
+            obs = {n.removeprefix("obs/"): cur.pop(n) for n in obs_names}
+            next_obs = {n.removeprefix("obs/"): nxt[n] for n in obs_names}
+        return TransitionBatch(obs, cur.pop("action"), cur.pop("reward"), next_obs, cur.pop("terminated"),
+                               cur.pop("truncated"), ids, cur, weights)
+
+
+class UniformSampler(TransitionSampler):
+    """Uniform one-step transitions from a store.
+
+    Parameters
+    ----------
+    store
+        An open store (``mode="r"`` or ``"a"``).
+    seed
+        Seed of the sampler's own ``numpy.random.Generator``: same store contents and seed,
+        same batches.
+    refresh_interval_s
+        How often to look for segments written by other processes; ``None`` never refreshes
+        automatically (call ``store.refresh()`` yourself).
+    """
+
     def _sample_raw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
         from ._kernels import sample_transitions
 
@@ -117,15 +138,4 @@ class UniformSampler:
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
         out, ids, where = self._sample_raw(batch_size)
-        cur: dict[str, np.ndarray] = {}
-        nxt: dict[str, np.ndarray] = {}
-        for name, is_next, off, dtype, shape in where:
-            (nxt if is_next else cur)[name] = np.ndarray(shape, dtype, buffer=out, offset=off)
-        if self._single_obs:
-            obs, next_obs = cur.pop("obs"), nxt["obs"]
-        else:
-            obs_names = self.store.schema.obs_names
-            obs = {n.removeprefix("obs/"): cur.pop(n) for n in obs_names}
-            next_obs = {n.removeprefix("obs/"): nxt[n] for n in obs_names}
-        return TransitionBatch(obs, cur.pop("action"), cur.pop("reward"), next_obs, cur.pop("terminated"),
-                               cur.pop("truncated"), ids, cur)
+        return self._assemble(out, ids, where)

@@ -36,6 +36,8 @@ class TransitionBatch:
     """Global row ids of the transitions' first rows (stable while the rows live)."""
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     """Any other schema field, taken from the first row."""
+    weights: np.ndarray | None = None
+    """Importance-sampling weights (prioritized replay), ``None`` for uniform sampling."""
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -1,0 +1,224 @@
+"""PrioritizedSampler: proportional prioritized replay (Schaul et al. 2016) over a store.
+
+A sum tree (and a min tree) over the rows of the live segments: each segment owns ``R`` leaves,
+and a leaf holds ``p^alpha`` for a row that starts a sampleable transition, 0 otherwise. So:
+
+* P(i) = p_i^alpha / sum_k p_k^alpha; drawing is stratified (one draw per equal slice of the
+  mass); the importance weight is w_i = (N * P(i))^-beta / max_j w_j = (p_i^alpha / min_j
+  p_j^alpha)^-beta, with N the number of sampleable rows and beta annealed linearly from
+  ``beta`` to ``beta_final`` over ``beta_steps`` batches;
+* ``update_priorities(ids, td_errors)`` stores (|td| + eps)^alpha exactly once; when an id
+  appears twice in one call the last one wins (a sequential loop: deterministic);
+* rows published since the last refresh enter at the current maximum priority; a row whose
+  next row only now arrived becomes sampleable then; rows of evicted segments leave the tree
+  (their window's leaves are cleared) before a new segment can reuse the window;
+* ``save()`` writes the priorities next to the store (``priorities/<name>.npz``, atomically) and
+  a sampler built with the same ``name`` reloads them, so a resumed run samples as before.
+
+Every operation on the tree is one compiled call (``_sumtree.py``, an 8-ary tree walked level by
+level); the gather is the same compiled pass as uniform sampling.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._fs import atomic_write
+from .errors import EmptyStoreError
+from .sampler import TransitionSampler
+
+if TYPE_CHECKING:
+    from .store import ReplayStore
+    from .view import TransitionBatch
+
+
+class PrioritizedSampler(TransitionSampler):
+    """Prioritized one-step transitions. See the module docstring for the formulas.
+
+    Parameters
+    ----------
+    alpha, beta, beta_final, beta_steps, eps
+        Priority exponent; importance-weight exponent annealed linearly to ``beta_final`` over
+        ``beta_steps`` calls of ``sample``; the constant added to ``|td|``.
+    name
+        Name of the saved priorities (``<store>/priorities/<name>.npz``); loaded if present.
+    """
+
+    def __init__(self, store: ReplayStore, *, alpha: float = 0.6, beta: float = 0.4, beta_final: float = 1.0,
+                 beta_steps: int = 100_000, eps: float = 1e-6, seed: int | None = None,
+                 refresh_interval_s: float | None = 1.0, name: str = "default") -> None:
+        if not 0 <= alpha <= 1 or not 0 <= beta <= 1 or not 0 <= beta_final <= 1:
+            raise ValueError("`alpha`, `beta` and `beta_final` must lie in [0, 1]")
+        if eps <= 0 or beta_steps < 1:
+            raise ValueError("`eps` must be > 0 and `beta_steps` >= 1")
+        super().__init__(store, seed=seed, refresh_interval_s=refresh_interval_s)
+        from ._sumtree import SumTree
+        self.alpha, self.beta0, self.beta_final, self.beta_steps, self.eps = alpha, beta, beta_final, beta_steps, eps
+        self.name = name
+        self.steps = 0
+        self.max_priority = 1.0  # of p^alpha
+        self.R = store.segment_records
+        self.tree = SumTree(1)
+        self._known: dict[int, tuple[int, int, int]] = {}  # segment id -> (tree slot, committed, succ id)
+        self._free: list[int] = []
+        self._slots = 0
+        self._base = np.zeros(0, np.int64)  # first leaf of each snapshot segment
+        self._slot_to_k = np.zeros(1, np.int64)
+        self._version = None
+        store._sync_local()
+        self._sync()
+        self._load()
+
+    # -- keeping the tree in step with the store --------------------------------------------
+    @property
+    def beta(self) -> float:
+        f = min(self.steps / self.beta_steps, 1.0)
+        return self.beta0 + f * (self.beta_final - self.beta0)
+
+    def _sync(self) -> None:
+        """Bring the tree up to the reader's snapshot (new rows, new successors, evictions).
+
+        Each live segment owns ``R`` consecutive leaves at a compact slot of the tree (slots of
+        evicted segments are cleared, then reused), so the tree is sized by the live data.
+        """
+        snap = self.store.reader.snapshot
+        if self._version is snap:
+            return
+        self._version = snap
+        sids = snap.segment_ids
+        live = set(sids.tolist())
+        for sid in [s for s in self._known if s not in live]:  # evicted: leave the tree first
+            t = self._known.pop(sid)[0]
+            self.tree.fill(t * self.R, (t + 1) * self.R, 0.0)
+            self._free.append(t)
+        self.tree.grow((len(self._known) + len(live - self._known.keys()) + len(self._free) + 1) * self.R)
+        self._base = np.empty(len(sids), np.int64)
+        for k, sid in enumerate(sids.tolist()):
+            n = int(snap.committed[k])
+            succ = int(sids[snap.succ[k]]) if snap.succ[k] >= 0 else -1
+            old = self._known.get(sid)
+            if old is None:
+                t = self._free.pop() if self._free else self._slots
+                self._slots = max(self._slots, t + 1)
+                self.tree.fill(t * self.R, (t + 1) * self.R, 0.0)
+                lo = 0
+            else:
+                t = old[0]
+                lo = -1
+                if old[1:] != (n, succ):
+                    lanes = int(snap.lanes[k])
+                    lo = max(0, old[1] - lanes)  # these rows' next rows may have just arrived
+                    if succ != old[2]:
+                        lo = min(lo, max(0, int(snap.usable[k]) - lanes))
+            self._base[k] = t * self.R
+            self._known[sid] = (t, n, succ)
+            if lo >= 0:
+                self._enter(k, t, lo, n)
+        self._slot_to_k = np.full(max(self._slots, 1), -1, np.int64)
+        self._slot_to_k[self._base // self.R] = np.arange(len(sids))
+
+    def _enter(self, k: int, t: int, lo: int, hi: int) -> None:
+        """Rows ``[lo, hi)`` of segment ``k`` that now start a transition and have no priority
+        yet enter at the maximum priority."""
+        if hi <= lo:
+            return
+        from .view import locate_transitions
+
+        slot = np.arange(lo, hi)
+        ok, _, _ = locate_transitions(self.store, np.full(len(slot), k), slot)
+        leaves = t * self.R + slot[ok]
+        leaves = leaves[self.tree.get(leaves) == 0]
+        if len(leaves):
+            self.tree.set(leaves, np.full(len(leaves), self.max_priority))
+
+    # -- sampling ---------------------------------------------------------------------------
+    def sample(self, batch_size: int) -> TransitionBatch:
+        """``batch_size`` transitions drawn in proportion to their priority, with their
+        importance weights (``batch.weights``, max 1) and ids for ``update_priorities``."""
+        if batch_size < 1:
+            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        from ._kernels import gather_at
+
+        self._maybe_refresh()
+        self._sync()
+        if self.tree.total <= 0:
+            raise EmptyStoreError(f"{self.store.path} has no sampleable transition yet")
+        leaves = self.tree.sample(self.rng.random(batch_size))
+        t, slot = np.divmod(leaves, self.R)
+        k = self._slot_to_k[t]
+        reader = self.store.reader
+        table, where, nbytes = self._plan(batch_size)
+        out = np.empty(nbytes, np.uint8)
+        gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out)
+        ids = reader.snapshot.segment_ids[k] * self.R + slot
+        weights = (self.tree.get(leaves) / self.tree.min) ** (-self.beta)
+        self.steps += 1
+        return self._assemble(out, ids, where, weights.astype(np.float32))
+
+    def update_priorities(self, ids: np.ndarray, td_errors: np.ndarray) -> None:
+        """Set the priorities of sampled rows from their TD errors: (|td| + eps)^alpha.
+
+        Ids of rows evicted since they were sampled are ignored.
+        """
+        ids = np.asarray(ids, np.int64).ravel()
+        td = np.asarray(td_errors, np.float64).ravel()
+        if ids.shape != td.shape:
+            raise ValueError(f"`ids` and `td_errors` must have the same length, got {ids.shape} and {td.shape}")
+        if not np.isfinite(td).all():
+            raise ValueError("`td_errors` must be finite")
+        self._sync()
+        snap = self.store.reader.snapshot
+        sid, slot = np.divmod(ids, self.R)
+        k = np.searchsorted(snap.segment_ids, sid)
+        kc = np.minimum(k, max(len(snap.segment_ids) - 1, 0))
+        live = (len(snap.segment_ids) > 0) & (snap.segment_ids[kc] == sid) if len(snap.segment_ids) else np.zeros(len(ids), bool)
+        leaves = self._base[kc[live]] + slot[live]
+        values = (np.abs(td[live]) + self.eps) ** self.alpha
+        if len(values):
+            self.tree.set(leaves, values)
+            self.max_priority = max(self.max_priority, float(values.max()))
+
+    def priorities(self, ids: np.ndarray) -> np.ndarray:
+        """The stored ``p^alpha`` of rows (0 for rows that cannot be sampled)."""
+        self._sync()
+        snap = self.store.reader.snapshot
+        k, slot = self.store.reader.locate(ids)
+        return self.tree.get(self._base[k] + slot)
+
+    # -- persistence ------------------------------------------------------------------------
+    def _path(self):
+        return self.store.path / "priorities" / f"{self.name}.npz"
+
+    def save(self) -> None:
+        """Write every live row's priority next to the store (atomic); loaded by a sampler of
+        the same ``name``."""
+        snap = self.store.reader.snapshot
+        arrays = {"_meta": np.array([self.max_priority, self.steps, self.alpha])}
+        for k, sid in enumerate(snap.segment_ids.tolist()):
+            b, n = int(self._base[k]), int(snap.committed[k])
+            arrays[str(sid)] = self.tree.leaves()[b : b + n]
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        os.makedirs(self._path().parent, exist_ok=True)
+        atomic_write(self._path(), buf.getvalue())
+
+    def _load(self) -> None:
+        path = self._path()
+        if not path.exists():
+            return
+        with np.load(path) as data:
+            meta = data["_meta"]
+            self.max_priority, self.steps = float(meta[0]), int(meta[1])
+            snap = self.store.reader.snapshot
+            for k, sid in enumerate(snap.segment_ids.tolist()):
+                if str(sid) not in data:
+                    continue
+                saved = data[str(sid)]
+                n = min(len(saved), int(snap.committed[k]))
+                leaves = self._base[k] + np.arange(n)
+                keep = self.tree.get(leaves) > 0  # only rows that can be sampled now
+                self.tree.set(leaves[keep], saved[:n][keep])
