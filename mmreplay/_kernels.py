@@ -76,7 +76,6 @@ def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off,
     nseg = seg.shape[0]
     batch = ids.shape[0]
     rand = draw(state, nrand, seg[nseg - 1, SEG_CUM_END], np.empty(nrand, np.int64))
-    nf = fields.shape[0]
     roffs = np.empty(nrand, np.int64)
     noffs = np.empty(nrand, np.int64)
     rid = np.empty(nrand, np.int64)
@@ -163,7 +162,7 @@ def gather_at(seg, region, rec_bytes, ks, slots, fields, out):  # pragma: no cov
             noffs[i] = seg[k, SEG_BASE] + nxt * rec_bytes
         else:
             noffs[i] = seg[seg[k, SEG_SUCC], SEG_BASE] + (nxt - seg[k, SEG_USABLE]) * rec_bytes
-        touched += region[roffs[i]] + region[noffs[i]] + region[noffs[i] + rec_bytes - 1]
+        touched += region[roffs[i]] + region[roffs[i] + rec_bytes - 1] + region[noffs[i]] + region[noffs[i] + rec_bytes - 1]
     for i in range(b):
         _copy_row(region, r4, r8, out, o4, o8, fields, i, roffs[i], noffs[i])
     return touched

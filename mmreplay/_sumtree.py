@@ -20,6 +20,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._kernels import _next_u64
+
 K = 8
 
 
@@ -112,6 +114,65 @@ def _sample(sums, offs, depth, u, out):  # pragma: no cover - compiled
     for j in range(b):
         out[j] = node[j]
     return out, touched
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def sample_rows(sums, mins, offs, depth, state, R, slot_to_k, seg_ids, beta, ks, slots, ids, weights):  # pragma: no cover
+    """Stratified draws, then for each: its segment index, row, global id and importance weight
+    ``(p / p_min)^-beta`` (one compiled call for what would be a dozen numpy calls). Uniforms
+    come from the xoshiro256** ``state`` (advanced in place)."""
+    b = ids.shape[0]
+    u = np.empty(b, np.float64)
+    for j in range(b):
+        u[j] = (_next_u64(state) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    leaves, touched = _sample(sums, offs, depth, u, np.empty(b, np.int64))
+    base = offs[depth]
+    pmin = mins[0]
+    for j in range(leaves.shape[0]):
+        leaf = leaves[j]
+        t = leaf // R
+        slot = leaf - t * R
+        k = slot_to_k[t]
+        ks[j] = k
+        slots[j] = slot
+        ids[j] = seg_ids[k] * R + slot
+        weights[j] = (sums[base + leaf] / pmin) ** (-beta)
+    return touched
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def update_rows(sums, mins, offs, depth, ids, td, seg_ids, base, committed, R, eps, alpha):  # pragma: no cover
+    """Priorities ``(|td| + eps)^alpha`` for rows given by global id; ids not in the snapshot
+    (evicted meanwhile) are skipped. Returns the largest value set (0 if none), or -1 without
+    changing anything if a TD error is not finite."""
+    n = ids.shape[0]
+    for j in range(n):
+        if not np.isfinite(td[j]):
+            return -1.0
+    leaves = np.empty(n, np.int64)
+    values = np.empty(n, np.float64)
+    m = 0
+    top = 0.0
+    nseg = seg_ids.shape[0]
+    for j in range(n):
+        sid = ids[j] // R
+        slot = ids[j] - sid * R
+        lo, hi = 0, nseg
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if seg_ids[mid] < sid:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == nseg or seg_ids[lo] != sid or slot >= committed[lo] or ids[j] < 0:
+            continue
+        v = (abs(td[j]) + eps) ** alpha
+        leaves[m] = base[lo] + slot
+        values[m] = v
+        top = max(top, v)
+        m += 1
+    _set(sums, mins, offs, depth, leaves[:m], values[:m])
+    return top
 
 
 class SumTree:

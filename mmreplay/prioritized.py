@@ -56,7 +56,12 @@ class PrioritizedSampler(TransitionSampler):
         if eps <= 0 or beta_steps < 1:
             raise ValueError("`eps` must be > 0 and `beta_steps` >= 1")
         super().__init__(store, seed=seed, refresh_interval_s=refresh_interval_s)
-        from ._sumtree import SumTree
+        from types import SimpleNamespace
+
+        from ._kernels import gather_at
+        from ._sumtree import SumTree, sample_rows, update_rows
+
+        self._k = SimpleNamespace(gather_at=gather_at, sample_rows=sample_rows, update_rows=update_rows)
         self.alpha, self.beta0, self.beta_final, self.beta_steps, self.eps = alpha, beta, beta_final, beta_steps, eps
         self.name = name
         self.steps = 0
@@ -141,46 +146,41 @@ class PrioritizedSampler(TransitionSampler):
         importance weights (``batch.weights``, max 1) and ids for ``update_priorities``."""
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
-        from ._kernels import gather_at
-
         self._maybe_refresh()
         self._sync()
         if self.tree.total <= 0:
             raise EmptyStoreError(f"{self.store.path} has no sampleable transition yet")
-        leaves = self.tree.sample(self.rng.random(batch_size))
-        t, slot = np.divmod(leaves, self.R)
-        k = self._slot_to_k[t]
         reader = self.store.reader
+        tr = self.tree
+        k = np.empty(batch_size, np.int64)
+        slot = np.empty(batch_size, np.int64)
+        ids = np.empty(batch_size, np.int64)
+        weights = np.empty(batch_size, np.float32)
+        self._k.sample_rows(tr.sums, tr.mins, tr.offs, tr.depth, self._state, self.R, self._slot_to_k,
+                    reader.snapshot.segment_ids, self.beta, k, slot, ids, weights)
         table, where, nbytes = self._plan(batch_size)
         out = np.empty(nbytes, np.uint8)
-        gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out)
-        ids = reader.snapshot.segment_ids[k] * self.R + slot
-        weights = (self.tree.get(leaves) / self.tree.min) ** (-self.beta)
+        self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out)
         self.steps += 1
-        return self._assemble(out, ids, where, weights.astype(np.float32))
+        return self._assemble(out, ids, where, weights)
 
     def update_priorities(self, ids: np.ndarray, td_errors: np.ndarray) -> None:
         """Set the priorities of sampled rows from their TD errors: (|td| + eps)^alpha.
 
         Ids of rows evicted since they were sampled are ignored.
         """
-        ids = np.asarray(ids, np.int64).ravel()
-        td = np.asarray(td_errors, np.float64).ravel()
+        ids = np.ascontiguousarray(ids, np.int64).ravel()
+        td = np.ascontiguousarray(td_errors, np.float64).ravel()
         if ids.shape != td.shape:
             raise ValueError(f"`ids` and `td_errors` must have the same length, got {ids.shape} and {td.shape}")
-        if not np.isfinite(td).all():
-            raise ValueError("`td_errors` must be finite")
         self._sync()
         snap = self.store.reader.snapshot
-        sid, slot = np.divmod(ids, self.R)
-        k = np.searchsorted(snap.segment_ids, sid)
-        kc = np.minimum(k, max(len(snap.segment_ids) - 1, 0))
-        live = (len(snap.segment_ids) > 0) & (snap.segment_ids[kc] == sid) if len(snap.segment_ids) else np.zeros(len(ids), bool)
-        leaves = self._base[kc[live]] + slot[live]
-        values = (np.abs(td[live]) + self.eps) ** self.alpha
-        if len(values):
-            self.tree.set(leaves, values)
-            self.max_priority = max(self.max_priority, float(values.max()))
+        tr = self.tree
+        top = self._k.update_rows(tr.sums, tr.mins, tr.offs, tr.depth, ids, td, snap.segment_ids, self._base, snap.committed,
+                          self.R, self.eps, self.alpha)
+        if top < 0:
+            raise ValueError("`td_errors` must be finite (nothing was updated)")
+        self.max_priority = max(self.max_priority, top)
 
     def priorities(self, ids: np.ndarray) -> np.ndarray:
         """The stored ``p^alpha`` of rows (0 for rows that cannot be sampled)."""
