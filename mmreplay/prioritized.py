@@ -32,6 +32,8 @@ from .errors import EmptyStoreError
 from .sampler import TransitionSampler
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .store import ReplayStore
     from .view import TransitionBatch
 
@@ -185,12 +187,11 @@ class PrioritizedSampler(TransitionSampler):
     def priorities(self, ids: np.ndarray) -> np.ndarray:
         """The stored ``p^alpha`` of rows (0 for rows that cannot be sampled)."""
         self._sync()
-        snap = self.store.reader.snapshot
         k, slot = self.store.reader.locate(ids)
         return self.tree.get(self._base[k] + slot)
 
     # -- persistence ------------------------------------------------------------------------
-    def _path(self):
+    def _path(self) -> Path:
         return self.store.path / "priorities" / f"{self.name}.npz"
 
     def save(self) -> None:
