@@ -16,8 +16,8 @@ import numba
 import numpy as np
 
 # columns of the segment table (one row per snapshot segment)
-SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID = range(7)
-SEG_COLS = 7
+SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED = range(8)
+SEG_COLS = 8
 # columns of the field table: offset in record, length, offset in the output buffer, is "next" copy
 F_REC_OFF, F_LEN, F_OUT_OFF, F_NEXT = range(4)
 
@@ -168,7 +168,8 @@ def gather_at(seg, region, rec_bytes, ks, slots, fields, out):  # pragma: no cov
     return touched
 
 
-def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, records_offset, segment_ids) -> np.ndarray:
+def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, records_offset, segment_ids,
+                  pred) -> np.ndarray:
     t = np.empty((len(cum_end), SEG_COLS), np.int64)
     t[:, SEG_CUM_END] = cum_end
     t[:, SEG_COMMITTED] = committed
@@ -177,5 +178,28 @@ def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, 
     t[:, SEG_SUCC] = succ
     t[:, SEG_BASE] = windows * slot_bytes + records_offset
     t[:, SEG_ID] = segment_ids
+    t[:, SEG_PRED] = pred
     return t
 
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def draw_rows(state, n, seg):  # pragma: no cover - compiled
+    """``n`` committed rows drawn uniformly, as (snapshot segment index, slot)."""
+    nseg = seg.shape[0]
+    rand = draw(state, n, seg[nseg - 1, SEG_CUM_END], np.empty(n, np.int64))
+    ks = np.empty(n, np.int64)
+    slots = np.empty(n, np.int64)
+    for j in range(n):
+        u = rand[j]
+        lo = 0
+        hi = nseg
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if seg[mid, SEG_CUM_END] <= u:
+                lo = mid + 1
+            else:
+                hi = mid
+        ks[j] = lo
+        slots[j] = u - (seg[lo, SEG_CUM_END] - seg[lo, SEG_COMMITTED])
+    return ks, slots

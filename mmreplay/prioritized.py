@@ -52,12 +52,14 @@ class PrioritizedSampler(TransitionSampler):
 
     def __init__(self, store: ReplayStore, *, alpha: float = 0.6, beta: float = 0.4, beta_final: float = 1.0,
                  beta_steps: int = 100_000, eps: float = 1e-6, seed: int | None = None,
-                 refresh_interval_s: float | None = 1.0, name: str = "default") -> None:
+                 refresh_interval_s: float | None = 1.0, name: str = "default", n_step: int = 1,
+                 gamma: float = 0.99, frame_stack: int = 1) -> None:
         if not 0 <= alpha <= 1 or not 0 <= beta <= 1 or not 0 <= beta_final <= 1:
             raise ValueError("`alpha`, `beta` and `beta_final` must lie in [0, 1]")
         if eps <= 0 or beta_steps < 1:
             raise ValueError("`eps` must be > 0 and `beta_steps` >= 1")
-        super().__init__(store, seed=seed, refresh_interval_s=refresh_interval_s)
+        super().__init__(store, seed=seed, refresh_interval_s=refresh_interval_s, n_step=n_step, gamma=gamma,
+                         frame_stack=frame_stack)
         from types import SimpleNamespace
 
         from ._kernels import gather_at
@@ -117,10 +119,10 @@ class PrioritizedSampler(TransitionSampler):
                 t = old[0]
                 lo = -1
                 if old[1:] != (n, succ):
-                    lanes = int(snap.lanes[k])
-                    lo = max(0, old[1] - lanes)  # these rows' next rows may have just arrived
+                    reach = int(snap.lanes[k]) * self.n_step  # rows whose lookahead may just be complete
+                    lo = max(0, old[1] - reach)
                     if succ != old[2]:
-                        lo = min(lo, max(0, int(snap.usable[k]) - lanes))
+                        lo = min(lo, max(0, int(snap.usable[k]) - reach))
             self._base[k] = t * self.R
             self._known[sid] = (t, n, succ)
             if lo >= 0:
@@ -136,7 +138,15 @@ class PrioritizedSampler(TransitionSampler):
         from .view import locate_transitions
 
         slot = np.arange(lo, hi)
-        ok, _, _ = locate_transitions(self.store, np.full(len(slot), k), slot)
+        if self.windowed:
+            from ._windows import valid_starts
+
+            reader = self.store.reader
+            flags, rew = self._window_consts()
+            ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
+                              self.n_step, self.gamma, np.full(len(slot), k), slot)
+        else:
+            ok, _, _ = locate_transitions(self.store, np.full(len(slot), k), slot)
         leaves = t * self.R + slot[ok]
         leaves = leaves[self.tree.get(leaves) == 0]
         if len(leaves):
@@ -160,6 +170,14 @@ class PrioritizedSampler(TransitionSampler):
         weights = np.empty(batch_size, np.float32)
         self._k.sample_rows(tr.sums, tr.mins, tr.offs, tr.depth, self._state, self.R, self._slot_to_k,
                     reader.snapshot.segment_ids, self.beta, k, slot, ids, weights)
+        if self.windowed:
+            self.steps += 1
+            from .sampler import _once
+
+            b = self._gather_windowed(batch_size, _once(k, slot), weights)
+            if len(b.ids) != batch_size:  # pragma: no cover - the tree holds only complete windows
+                raise RuntimeError("prioritized draw hit an incomplete window")
+            return b
         table, where, nbytes = self._plan(batch_size)
         out = np.empty(nbytes, np.uint8)
         self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out)

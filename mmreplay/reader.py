@@ -62,6 +62,8 @@ class Snapshot:
     usable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     lanes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Index of the previous segment of the same writer session (-1 if none or evicted)."""
     """Index of the next segment of the same writer session, or -1."""
     cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
@@ -221,6 +223,10 @@ class StoreReader:
             [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index + 1), -1) for m in ms],
             np.int64,
         )
+        s.pred = np.array(
+            [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index - 1), -1) for m in ms],
+            np.int64,
+        )
         self.snapshot = s
         self._table = None
 
@@ -231,7 +237,7 @@ class StoreReader:
 
             s = self.snapshot
             self._table = segment_table(s.cum_end, s.committed, s.usable, s.lanes, s.succ, s.windows,
-                                        self.region.slot_bytes, self.layout.records_offset, s.segment_ids)
+                                        self.region.slot_bytes, self.layout.records_offset, s.segment_ids, s.pred)
         return self._table
 
     def close(self) -> None:

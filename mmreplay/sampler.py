@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import EmptyStoreError
+from .errors import EmptyStoreError, SchemaError
 from .view import TransitionBatch
 
 if TYPE_CHECKING:
@@ -32,8 +32,19 @@ class TransitionSampler:
     """What every transition sampler shares: the refresh policy, the gather plan, and turning
     the gathered bytes into a ``TransitionBatch``. Subclasses choose the rows."""
 
-    def __init__(self, store: ReplayStore, *, seed: int | None = None, refresh_interval_s: float | None = 1.0) -> None:
+    def __init__(self, store: ReplayStore, *, seed: int | None = None, refresh_interval_s: float | None = 1.0,
+                 n_step: int = 1, gamma: float = 0.99, frame_stack: int = 1) -> None:
         store.schema.require_transition_fields()
+        if not isinstance(n_step, (int, np.integer)) or n_step < 1:
+            raise ValueError(f"`n_step` must be an int >= 1, got {n_step!r}")
+        if not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
+            raise ValueError(f"`frame_stack` must be an int >= 1, got {frame_stack!r}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"`gamma` must lie in [0, 1], got {gamma!r}")
+        self.n_step, self.gamma, self.frame_stack = int(n_step), float(gamma), int(frame_stack)
+        self.windowed = self.n_step > 1 or self.frame_stack > 1
+        if self.windowed and store.schema["reward"].dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise SchemaError(f"n-step returns need a float32 or float64 `reward`, got {store.schema['reward'].dtype}")
         self.store = store
         self.rng = np.random.default_rng(seed)
         self.refresh_interval_s = refresh_interval_s
@@ -69,6 +80,103 @@ class TransitionSampler:
             self._plans[batch_size] = plan
         return plan
 
+    # -- windowed views (n-step returns, frame stacks) ----------------------------------------
+    def _wplan(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]], int]:
+        """Kernel tables for fields copied once and observation fields stacked ``frame_stack``
+        times, and where each lands in the output buffer."""
+        key = -batch_size
+        plan = self._plans.get(key)
+        if plan is None:
+            lay = self.store.layout
+            schema = self.store.schema
+            obs = set(schema.obs_names)
+            once, stacked, where, off = [], [], [], 0
+            fs = self.frame_stack
+            items = [(f.name, False) for f in schema.fields] + [(n, True) for n in schema.obs_names]
+            for name, is_next in items:
+                f = schema[name]
+                rec_off = lay.column(name).offset - lay.records_offset
+                if name in obs and fs > 1:
+                    stacked.append((rec_off, f.row_bytes, off, int(is_next)))
+                    shape = (batch_size, fs, *f.shape)
+                    off += -(-f.row_bytes * fs * batch_size // 8) * 8
+                else:
+                    once.append((rec_off, f.row_bytes, off, int(is_next)))
+                    shape = (batch_size, *f.shape)
+                    off += -(-f.row_bytes * batch_size // 8) * 8
+                where.append((name, is_next, off - -(-f.row_bytes * (fs if name in obs and fs > 1 else 1)
+                                                     * batch_size // 8) * 8, f.dtype, shape))
+            plan = (np.array(once, np.int64).reshape(-1, 4), np.array(stacked, np.int64).reshape(-1, 4), where, off)
+            self._plans[key] = plan
+        return plan
+
+    def _window_consts(self) -> tuple[np.ndarray, np.ndarray]:
+        lay = self.store.layout
+        r = lay.records_offset
+        flags = np.array([lay.column(n).offset - r for n in ("is_last", "terminated", "truncated")], np.int64)
+        rew = np.array([lay.column("reward").offset - r, self.store.schema["reward"].dtype.itemsize], np.int64)
+        return flags, rew
+
+    def _gather_windowed(self, batch_size: int, candidates: Any, weights: np.ndarray | None = None) -> TransitionBatch:
+        """Fill a batch from ``candidates(n) -> (ks, slots)``, skipping starts whose window is
+        incomplete; the views' values come back in ``reward``, ``discount`` and the flags."""
+        from ._windows import gather_windows
+
+        reader = self.store.reader
+        once, stacked, where, nbytes = self._wplan(batch_size)
+        flags, rew = self._window_consts()
+        out = np.empty(nbytes, np.uint8)
+        ids = np.empty(batch_size, np.int64)
+        ret = np.empty(batch_size, np.float64)
+        disc = np.empty(batch_size, np.float64)
+        term = np.empty(batch_size, np.bool_)
+        trunc = np.empty(batch_size, np.bool_)
+        filled = 0
+        for _ in range(_MAX_ROUNDS):
+            ks, slots = candidates(batch_size - filled + 8 + (batch_size - filled) // 4)
+            if len(ks) == 0:
+                break
+            filled, _ = gather_windows(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
+                                       self.n_step, self.gamma, self.frame_stack, ks, slots, filled, once, stacked,
+                                       out, ids, reader.snapshot.segment_ids, self.store.segment_records,
+                                       ret, disc, term, trunc)
+            if filled == batch_size:
+                break
+        if filled < batch_size:
+            if isinstance(candidates, _once):
+                return TransitionBatch(*([np.zeros(0)] * 6), ids[:filled])  # the caller reports it
+            raise EmptyStoreError(f"{self.store.path} has too few complete {self.n_step}-step windows to sample from")
+        b = self._assemble(out, ids, where)
+        return TransitionBatch(b.obs, b.action, ret.astype(np.float32), b.next_obs, term, trunc, ids, b.extra,
+                               weights, disc.astype(np.float32))
+
+    def valid_ids(self) -> np.ndarray:
+        """Ids of every row that starts a complete transition under this sampler's view
+        (``n_step``, ``frame_stack``), in id order. O(rows): for tests and tools."""
+        from ._windows import valid_starts
+
+        self.store._sync_local()
+        reader = self.store.reader
+        snap = reader.snapshot
+        flags, rew = self._window_consts()
+        out = []
+        for k in range(len(snap.segment_ids)):
+            slots = np.arange(int(snap.committed[k]))
+            ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
+                              self.n_step, self.gamma, np.full(len(slots), k), slots)
+            out.append(snap.segment_ids[k] * self.store.segment_records + slots[ok])
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def view(self, ids: np.ndarray) -> TransitionBatch:
+        """The batch for given transition starts under this sampler's view (``KeyError`` if one
+        is not visible or does not start a complete window)."""
+        ids = np.asarray(ids, np.int64)
+        k, slot = self.store.reader.locate(ids)
+        b = self._gather_windowed(len(ids), _once(k, slot))
+        if not np.array_equal(b.ids, ids):
+            raise KeyError("some ids do not start a complete window (episode end or lookahead not written)")
+        return b
+
     def _assemble(self, out: np.ndarray, ids: np.ndarray, where: list[tuple[Any, ...]],
                   weights: np.ndarray | None = None) -> TransitionBatch:
         """Views of the gathered blocks as a batch (no copy)."""
@@ -87,7 +195,7 @@ class TransitionSampler:
 
 
 class UniformSampler(TransitionSampler):
-    """Uniform one-step transitions from a store.
+    """Uniform transitions from a store.
 
     Parameters
     ----------
@@ -99,6 +207,13 @@ class UniformSampler(TransitionSampler):
     refresh_interval_s
         How often to look for segments written by other processes; ``None`` never refreshes
         automatically (call ``store.refresh()`` yourself).
+    n_step, gamma
+        n-step returns (see ``_windows.py``): ``reward`` is the discounted return over up to
+        ``n_step`` rows, ``next_obs`` the observation to bootstrap from and ``discount`` its
+        factor. Starts whose lookahead is not written yet are not drawn.
+    frame_stack
+        Observations come back as stacks of the last ``frame_stack`` frames of the episode
+        (clamped at its start), shape ``(B, frame_stack, *obs_shape)``, for obs and next_obs.
     """
 
     def _sample_raw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
@@ -137,5 +252,25 @@ class UniformSampler(TransitionSampler):
         """A batch of ``batch_size`` transitions drawn uniformly with replacement."""
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        if self.windowed:
+            from ._kernels import draw_rows
+
+            self._maybe_refresh()
+            if self.store.reader.snapshot.total_rows == 0:
+                raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
+            seg = self.store.reader.segment_table()
+            return self._gather_windowed(batch_size, lambda n: draw_rows(self._state, n, seg))
         out, ids, where = self._sample_raw(batch_size)
         return self._assemble(out, ids, where)
+
+
+class _once:
+    """Candidates given once (explicit ids, prioritized draws): a second call has none."""
+
+    def __init__(self, ks: np.ndarray, slots: np.ndarray) -> None:
+        self.ks, self.slots = ks, slots
+
+    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        ks, slots = self.ks, self.slots
+        self.ks = self.slots = np.zeros(0, np.int64)
+        return ks, slots

@@ -38,6 +38,10 @@ class TransitionBatch:
     """Any other schema field, taken from the first row."""
     weights: np.ndarray | None = None
     """Importance-sampling weights (prioritized replay), ``None`` for uniform sampling."""
+    discount: np.ndarray | None = None
+    """With ``n_step``/``frame_stack`` views: the bootstrap factor ``gamma^m`` (0 when the window
+    ended by termination); ``reward`` is then the discounted m-step return. ``None`` for plain
+    one-step batches (use ``gamma * (1 - terminated)``)."""
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -1,0 +1,169 @@
+"""Compiled views over a lane's consecutive rows: n-step returns and frame stacks.
+
+A view of a transition starting at row ``t`` walks the lane forward for the n-step return and
+backward for frame stacks, across segment boundaries of the same writer session:
+
+* n-step: ``G = sum_{m<M} gamma^m r_{t+m}`` where ``M <= n`` stops at the first ``terminated``
+  row (no bootstrap: discount 0) or where the next row is an episode's final observation
+  (``is_last``: the episode was truncated or ended, bootstrap from it), else after ``n`` rows;
+  ``next_obs`` is the observation of row ``t+M`` and ``discount = gamma^M`` (0 if terminated).
+  A start whose lookahead is not written yet is not a valid transition (not sampled);
+* frame stacks: the ``k`` observations ending at a row, oldest first, clamped at the episode's
+  first row (repeated), which is the row after an ``is_last`` row or the first row of the lane's
+  session. A segment already evicted also clamps (its rows are gone).
+
+Row addresses are ``(snapshot segment index, slot)``; the next row of a lane is ``lanes`` slots
+on, in the session's next segment past the end (``SEG_SUCC``), the previous one ``lanes`` slots
+back (``SEG_PRED``). Imported lazily.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._kernels import (
+    F_LEN,
+    F_NEXT,
+    F_OUT_OFF,
+    F_REC_OFF,
+    SEG_BASE,
+    SEG_COMMITTED,
+    SEG_LANES,
+    SEG_PRED,
+    SEG_SUCC,
+    SEG_USABLE,
+)
+
+# F_NEXT values in a windowed plan: which row a field is copied from
+ROW_START, ROW_NEXT = 0, 1
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _succ(seg, k, slot):  # pragma: no cover - compiled
+    nxt = slot + seg[k, SEG_LANES]
+    if nxt < seg[k, SEG_COMMITTED]:
+        return k, nxt
+    s = seg[k, SEG_SUCC]
+    ns = nxt - seg[k, SEG_USABLE]
+    if ns >= 0 and s >= 0 and ns < seg[s, SEG_COMMITTED]:
+        return s, ns
+    return -1, -1
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _pred(seg, k, slot):  # pragma: no cover - compiled
+    prv = slot - seg[k, SEG_LANES]
+    if prv >= 0:
+        return k, prv
+    p = seg[k, SEG_PRED]
+    if p < 0:
+        return -1, -1
+    return p, seg[p, SEG_USABLE] + prv
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def walk(seg, region, rec_bytes, flags, rew, n_step, gamma, k, slot):  # pragma: no cover - compiled
+    """The n-step window from row ``(k, slot)``.
+
+    ``flags`` = byte offsets in a record of is_last, terminated, truncated; ``rew`` = (byte
+    offset of the reward, 4 or 8 for float32/float64). Returns ``(ok, next_k, next_slot,
+    return, discount, terminated, truncated)``.
+    """
+    rec = seg[k, SEG_BASE] + slot * rec_bytes
+    if region[rec + flags[0]] != 0:  # an episode's final observation starts nothing
+        return False, -1, -1, 0.0, 0.0, False, False
+    g = 0.0
+    disc = 1.0
+    m = 0
+    while True:
+        rec = seg[k, SEG_BASE] + slot * rec_bytes
+        if rew[1] == 4:
+            r = region[rec + rew[0] : rec + rew[0] + 4].view(np.float32)[0]
+        else:
+            r = region[rec + rew[0] : rec + rew[0] + 8].view(np.float64)[0]
+        g += disc * r
+        nk, ns = _succ(seg, k, slot)
+        if nk < 0:
+            return False, -1, -1, 0.0, 0.0, False, False
+        if region[rec + flags[1]] != 0:
+            return True, nk, ns, g, 0.0, True, False
+        disc *= gamma
+        m += 1
+        nrec = seg[nk, SEG_BASE] + ns * rec_bytes
+        if region[nrec + flags[0]] != 0:
+            return True, nk, ns, g, disc, False, region[rec + flags[2]] != 0
+        if m == n_step:
+            return True, nk, ns, g, disc, False, False
+        k, slot = nk, ns
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def stack_rows(seg, region, rec_bytes, is_last_off, frames, k, slot, ks, slots):  # pragma: no cover - compiled
+    """Rows of the ``frames`` observations ending at ``(k, slot)``, oldest first, clamped at the
+    episode start, into ``ks``/``slots``."""
+    ks[frames - 1] = k
+    slots[frames - 1] = slot
+    for j in range(frames - 2, -1, -1):
+        pk, ps = _pred(seg, k, slot)
+        if pk >= 0 and region[seg[pk, SEG_BASE] + ps * rec_bytes + is_last_off] == 0:
+            k, slot = pk, ps
+        ks[j] = k
+        slots[j] = slot
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, cand_k, cand_slot, start,
+                   fields, stacked, out, ids, seg_ids, seg_records, ret, discount, term, trunc):  # pragma: no cover
+    """Fill batch rows ``start..`` from candidate starts, skipping invalid ones (for uniform
+    sampling), returning ``(filled, used)``.
+
+    ``fields`` rows: (offset in record, length, output offset, ROW_START/ROW_NEXT) for fields
+    copied once; ``stacked`` rows: (offset in record, length, output offset, ROW_START/ROW_NEXT)
+    for observation fields copied ``frames`` times (output row of ``frames * length`` bytes).
+    """
+    b = ids.shape[0]
+    fk = np.empty(frames, np.int64)
+    fs = np.empty(frames, np.int64)
+    i = start
+    j = 0
+    while i < b and j < cand_k.shape[0]:
+        k = cand_k[j]
+        slot = cand_slot[j]
+        j += 1
+        ok, nk, ns, g, disc, te, tr = walk(seg, region, rec_bytes, flags, rew, n_step, gamma, k, slot)
+        if not ok:
+            continue
+        ids[i] = seg_ids[k] * seg_records + slot
+        ret[i] = g
+        discount[i] = disc
+        term[i] = te
+        trunc[i] = tr
+        roff = seg[k, SEG_BASE] + slot * rec_bytes
+        noff = seg[nk, SEG_BASE] + ns * rec_bytes
+        for f in range(fields.shape[0]):
+            n = fields[f, F_LEN]
+            src = (noff if fields[f, F_NEXT] == ROW_NEXT else roff) + fields[f, F_REC_OFF]
+            dst = fields[f, F_OUT_OFF] + i * n
+            out[dst : dst + n] = region[src : src + n]
+        for f in range(stacked.shape[0]):
+            n = stacked[f, F_LEN]
+            if stacked[f, F_NEXT] == ROW_NEXT:
+                stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs)
+            else:
+                stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs)
+            for q in range(frames):
+                src = seg[fk[q], SEG_BASE] + fs[q] * rec_bytes + stacked[f, F_REC_OFF]
+                dst = stacked[f, F_OUT_OFF] + (i * frames + q) * n
+                out[dst : dst + n] = region[src : src + n]
+        i += 1
+    return i, j
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def valid_starts(seg, region, rec_bytes, flags, rew, n_step, gamma, ks, slots):  # pragma: no cover - compiled
+    """Which candidate rows start a complete window (for prioritized replay's tree)."""
+    out = np.zeros(ks.shape[0], np.bool_)
+    for j in range(ks.shape[0]):
+        out[j] = walk(seg, region, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])[0]
+    return out
