@@ -17,10 +17,8 @@ def reference(rows, n, gamma, k):
     out = {}
     for lane, rs in rows.items():
         start = 0
-        starts = []
+        starts = []  # first row of each row's episode
         for t, r in enumerate(rs):
-            if r["is_last"] and t + 1 < len(rs):
-                pass
             starts.append(start)
             if r["is_last"]:
                 start = t + 1
@@ -48,8 +46,8 @@ def reference(rows, n, gamma, k):
             if result is None:
                 continue
 
-            def stack(x):
-                return [max(x - j, starts[x]) for j in range(k - 1, -1, -1)]
+            def stack(x, first=starts):
+                return [max(x - j, first[x]) for j in range(k - 1, -1, -1)]
 
             out[(lane, t)] = (*result, stack(t), stack(result[2]))
     return out
