@@ -29,6 +29,7 @@ from .errors import (  # noqa: E402
 from .prioritized import PrioritizedSampler  # noqa: E402
 from .sampler import TransitionSampler, UniformSampler  # noqa: E402
 from .schema import Field, Schema  # noqa: E402
+from .sequence import SequenceBatch, SequenceSampler  # noqa: E402
 from .store import ReplayStore, create_store, open_store  # noqa: E402
 from .view import TransitionBatch  # noqa: E402
 from .writer import Writer  # noqa: E402
@@ -47,6 +48,8 @@ __all__ = [
     "ReplayStore",
     "Schema",
     "SchemaError",
+    "SequenceBatch",
+    "SequenceSampler",
     "StoreClosedError",
     "StoreExistsError",
     "StoreFullError",

@@ -16,8 +16,8 @@ import numba
 import numpy as np
 
 # columns of the segment table (one row per snapshot segment)
-SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED = range(8)
-SEG_COLS = 8
+SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED, SEG_FIRST = range(9)
+SEG_COLS = 9
 # columns of the field table: offset in record, length, offset in the output buffer, is "next" copy
 F_REC_OFF, F_LEN, F_OUT_OFF, F_NEXT = range(4)
 
@@ -169,7 +169,7 @@ def gather_at(seg, region, rec_bytes, ks, slots, fields, out):  # pragma: no cov
 
 
 def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, records_offset, segment_ids,
-                  pred) -> np.ndarray:
+                  pred, first_seq) -> np.ndarray:
     t = np.empty((len(cum_end), SEG_COLS), np.int64)
     t[:, SEG_CUM_END] = cum_end
     t[:, SEG_COMMITTED] = committed
@@ -179,6 +179,7 @@ def segment_table(cum_end, committed, usable, lanes, succ, windows, slot_bytes, 
     t[:, SEG_BASE] = windows * slot_bytes + records_offset
     t[:, SEG_ID] = segment_ids
     t[:, SEG_PRED] = pred
+    t[:, SEG_FIRST] = first_seq
     return t
 
 

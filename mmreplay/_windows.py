@@ -29,6 +29,8 @@ from ._kernels import (
     F_REC_OFF,
     SEG_BASE,
     SEG_COMMITTED,
+    SEG_FIRST,
+    SEG_ID,
     SEG_LANES,
     SEG_PRED,
     SEG_SUCC,
@@ -167,3 +169,66 @@ def valid_starts(seg, region, rec_bytes, flags, rew, n_step, gamma, ks, slots): 
     for j in range(ks.shape[0]):
         out[j] = walk(seg, region, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])[0]
     return out
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def gather_sequences(seg, region, rec_bytes, is_last_off, total, stride, cand_k, cand_slot, start, fields, out,
+                     is_last, mask, ids, seg_records):  # pragma: no cover - compiled
+    b = ids.shape[0]
+    ks = np.empty(total, np.int64)
+    ss = np.empty(total, np.int64)
+    i = start
+    j = 0
+    while i < b and j < cand_k.shape[0]:
+        k = cand_k[j]
+        slot = cand_slot[j]
+        j += 1
+        if stride > 1 and ((seg[k, SEG_FIRST] + slot) // seg[k, SEG_LANES]) % stride != 0:
+            continue
+        base = seg[k, SEG_BASE] + slot * rec_bytes
+        if region[base + is_last_off] != 0:
+            continue
+        # walk the window: rows until the starting episode's final row must exist
+        n = 0
+        ended = False
+        ok = True
+        ck, cs = k, slot
+        while n < total:
+            ks[n] = ck
+            ss[n] = cs
+            if region[seg[ck, SEG_BASE] + cs * rec_bytes + is_last_off] != 0 and n > 0:
+                ended = True
+            n += 1
+            if n == total:
+                break
+            nk, ns = _succ(seg, ck, cs)
+            if nk < 0:
+                if not ended:
+                    ok = False
+                break
+            ck, cs = nk, ns
+        if not ok:
+            continue
+        ids[i] = seg[k, SEG_ID] * seg_records + slot
+        in_ep = True
+        for q in range(total):
+            if q < n:
+                r = seg[ks[q], SEG_BASE] + ss[q] * rec_bytes
+                last = region[r + is_last_off] != 0
+                is_last[i, q] = last
+                if last:
+                    in_ep = False
+                mask[i, q] = in_ep
+                for f in range(fields.shape[0]):
+                    ln = fields[f, 1]
+                    dst = fields[f, 2] + (i * total + q) * ln
+                    out[dst : dst + ln] = region[r + fields[f, 0] : r + fields[f, 0] + ln]
+            else:
+                is_last[i, q] = False
+                mask[i, q] = False
+                for f in range(fields.shape[0]):
+                    ln = fields[f, 1]
+                    dst = fields[f, 2] + (i * total + q) * ln
+                    out[dst : dst + ln] = 0
+        i += 1
+    return i, j

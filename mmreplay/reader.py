@@ -63,6 +63,8 @@ class Snapshot:
     lanes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Writer-session row number of each segment's slot 0."""
     """Index of the previous segment of the same writer session (-1 if none or evicted)."""
     """Index of the next segment of the same writer session, or -1."""
     cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -223,6 +225,7 @@ class StoreReader:
             [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index + 1), -1) for m in ms],
             np.int64,
         )
+        s.first_seq = np.array([m.header.first_seq for m in ms], np.int64)
         s.pred = np.array(
             [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index - 1), -1) for m in ms],
             np.int64,
@@ -237,7 +240,8 @@ class StoreReader:
 
             s = self.snapshot
             self._table = segment_table(s.cum_end, s.committed, s.usable, s.lanes, s.succ, s.windows,
-                                        self.region.slot_bytes, self.layout.records_offset, s.segment_ids, s.pred)
+                                        self.region.slot_bytes, self.layout.records_offset, s.segment_ids, s.pred,
+                                        s.first_seq)
         return self._table
 
     def close(self) -> None:

@@ -126,3 +126,54 @@ def test_bad_view_arguments(store):
         mmreplay.UniformSampler(store, frame_stack=0)
     with pytest.raises(ValueError, match="gamma"):
         mmreplay.UniformSampler(store, gamma=1.5)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lanes=st.integers(1, 3), steps=st.integers(1, 30), length=st.integers(1, 5), burn_in=st.integers(0, 2),
+       stride=st.integers(1, 3), final=st.booleans(), seed=st.integers(0, 2**16))
+def test_sequences_match_the_reference(tmp_path_factory, lanes, steps, length, burn_in, stride, final, seed):
+    rng = np.random.default_rng(seed)
+    store = mmreplay.create_store(tmp_path_factory.mktemp("q") / "s", SCHEMA, segment_records=6)
+    last = {lane: [] for lane in range(lanes)}
+    prev = np.zeros(lanes, bool)
+    with store.writer(lanes=lanes) as w:
+        for t in range(steps):
+            kind = rng.choice([0, 0, 0, 1, 2], size=lanes)
+            obs = np.stack([np.arange(lanes, dtype=np.float32), np.full(lanes, t, np.float32)], 1)
+            w.add(obs=obs, action=np.zeros(lanes, np.int64), reward=np.zeros(lanes, np.float32),
+                  terminated=kind == 1, truncated=kind == 2)
+            for lane in range(lanes):
+                last[lane].append(bool(prev[lane]))
+            prev = (kind == 1) | (kind == 2)
+        if final:
+            w.close(last_obs=np.stack([np.arange(lanes, dtype=np.float32), np.full(lanes, steps, np.float32)], 1))
+            for lane in range(lanes):
+                last[lane].append(True)
+    total = length + burn_in
+    q = mmreplay.SequenceSampler(store, length, burn_in=burn_in, stride=stride, seed=0)
+    snap = store.reader.snapshot
+    all_ids = np.concatenate([snap.segment_ids[k] * store.segment_records + np.arange(snap.committed[k])
+                              for k in range(len(snap.segment_ids))]) if len(snap.segment_ids) else np.zeros(0, int)
+    seen = 0
+    for rid in all_ids:
+        b = q.windows(np.array([rid]))
+        lane, t = (int(v) for v in store.rows("obs", np.array([rid]))[0])
+        rows = last[lane]
+        # reference: a step row, on the stride, whose episode end (or the window) is written
+        ep_end = next((u for u in range(t + 1, len(rows)) if rows[u]), None)
+        complete = t + total <= len(rows) or ep_end is not None
+        expect = (not rows[t]) and t % stride == 0 and complete
+        assert (b is not None) == expect, (lane, t)
+        if b is None:
+            continue
+        seen += 1
+        n = min(total, len(rows) - t)
+        assert b.fields["obs"][0, :n, 1].astype(int).tolist() == list(range(t, t + n))
+        assert (b.fields["obs"][0, :n, 0] == lane).all() and not b.mask[0, n:].any()
+        want_mask = [u < (ep_end if ep_end is not None else len(rows)) for u in range(t, t + n)]
+        assert b.mask[0, :n].tolist() == want_mask
+        assert b.is_last[0, :n].tolist() == rows[t : t + n]
+    if seen:
+        drawn = q.sample(16)
+        assert (drawn.fields["obs"][:, 0, 1].astype(int) % stride == 0).all()
+    store.close()
