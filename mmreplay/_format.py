@@ -114,16 +114,24 @@ class Layout:
     @classmethod
     def of(cls, schema: Schema, segment_records: int) -> Layout:
         specs = [(f.name, f.dtype, f.shape) for f in schema.fields]
-        # widest items first (no padding between fields), and within one width the floats first,
-        # grouped by dtype: each float dtype is one contiguous run, so one finiteness check per
-        # dtype covers a whole row.
-        specs.sort(key=lambda s: (-s[1].itemsize, s[1].kind not in "fc", s[1].str))
-        specs.append((IS_LAST, np.dtype(np.bool_), ()))
+        # small fields first, widest first (no padding between them), and within one width the
+        # floats first, grouped by dtype (each float dtype is one contiguous run: one finiteness
+        # check per dtype covers a row); then is_last; then large fields (frames), 8-aligned so
+        # they copy in whole words. The flags sit in a record's first cache line, next to the
+        # start of its frame: checking a row and copying its frame touch the same page.
+        def big(spec: tuple[str, np.dtype, tuple[int, ...]]) -> bool:
+            nbytes = spec[1].itemsize * int(np.prod(spec[2], dtype=np.int64))
+            return nbytes >= 64 and nbytes % 8 == 0
+
+        small = sorted((sp for sp in specs if not big(sp)), key=lambda sp: (-sp[1].itemsize, sp[1].kind not in "fc", sp[1].str))
+        large = sorted((sp for sp in specs if big(sp)), key=lambda sp: -sp[1].itemsize)
         fields = []
         off = 0
         max_align = 1
-        for name, dtype, shape in specs:
+        for name, dtype, shape in [*small, (IS_LAST, np.dtype(np.bool_), ()), *large]:
             a = min(np.dtype(dtype).itemsize, 8) or 1
+            if (name, dtype, shape) in large:
+                a = 8
             max_align = max(max_align, a)
             off = -(-off // a) * a
             fields.append((name, off, np.dtype(dtype), tuple(shape)))
@@ -150,8 +158,8 @@ class Layout:
     def float_runs(self) -> tuple[tuple[np.dtype, int, int], ...]:
         """``(dtype, offset in record, element count)`` of each contiguous run of float fields."""
         runs: list[list] = []
-        for c in self.columns[:-2]:
-            if c.dtype.kind not in "fc":
+        for c in self.columns:
+            if c.dtype.kind not in "fc" or c.name in (IS_LAST, STAMPS):
                 continue
             n = int(np.prod(c.shape, dtype=np.int64))
             off = c.offset - self.records_offset

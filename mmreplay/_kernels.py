@@ -14,6 +14,23 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _memcpy(typingctx, dst, dst_off, src, src_off, n):  # pragma: no cover - compiled
+    """LLVM's memcpy between two byte arrays (3x faster than a word loop for frame-sized
+    fields; an intrinsic rather than a ctypes call, so the kernels stay cacheable)."""
+    sig = types.void(dst, types.intp, src, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        d, doff, s, soff, count = args
+        da = context.make_array(signature.args[0])(context, builder, d)
+        sa = context.make_array(signature.args[2])(context, builder, s)
+        cgutils.raw_memcpy(builder, builder.gep(da.data, [doff]), builder.gep(sa.data, [soff]), count, 1)
+
+    return sig, codegen
 
 # columns of the segment table (one row per snapshot segment)
 SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED, SEG_FIRST = range(9)
@@ -123,22 +140,30 @@ def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off,
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def copy_bytes(region, r4, r8, out, o4, o8, src, dst, n):  # pragma: no cover - compiled
+    """Copy ``n`` bytes: large fields with libc memcpy, small ones in the widest words both
+    ends are aligned to (two to six times faster than slice or byte copies for them);
+    ``r4``/``r8``, ``o4``/``o8`` are word views."""
+    if n >= 128:
+        _memcpy(out, dst, region, src, n)
+    elif ((src | dst | n) & 7) == 0:
+        for w in range(n >> 3):
+            o8[(dst >> 3) + w] = r8[(src >> 3) + w]
+    elif ((src | dst | n) & 3) == 0:
+        for w in range(n >> 2):
+            o4[(dst >> 2) + w] = r4[(src >> 2) + w]
+    else:
+        for b in range(n):
+            out[dst + b] = region[src + b]
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _copy_row(region, r4, r8, out, o4, o8, fields, i, roff, noff):  # pragma: no cover - compiled
-    """Copy every planned field of one transition into row ``i`` of the output blocks, in the
-    widest words both ends are aligned to (two to six times faster than slice copies here)."""
+    """Copy every planned field of one transition into row ``i`` of the output blocks."""
     for f in range(fields.shape[0]):
         n = fields[f, F_LEN]
         src = (noff if fields[f, F_NEXT] else roff) + fields[f, F_REC_OFF]
-        dst = fields[f, F_OUT_OFF] + i * n
-        if ((src | dst | n) & 7) == 0:
-            for w in range(n >> 3):
-                o8[(dst >> 3) + w] = r8[(src >> 3) + w]
-        elif ((src | dst | n) & 3) == 0:
-            for w in range(n >> 2):
-                o4[(dst >> 2) + w] = r4[(src >> 2) + w]
-        else:
-            for b in range(n):
-                out[dst + b] = region[src + b]
+        copy_bytes(region, r4, r8, out, o4, o8, src, fields[f, F_OUT_OFF] + i * n, n)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

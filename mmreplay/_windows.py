@@ -35,10 +35,12 @@ from ._kernels import (
     SEG_PRED,
     SEG_SUCC,
     SEG_USABLE,
+    copy_bytes,
 )
 
-# F_NEXT values in a windowed plan: which row a field is copied from
-ROW_START, ROW_NEXT = 0, 1
+# F_NEXT values in a windowed plan: which row a field is copied from; ROW_SHARED: the start's
+# stack followed by the next row's frame (one-step views share frames between obs and next_obs)
+ROW_START, ROW_NEXT, ROW_SHARED = 0, 1, 2
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -124,6 +126,10 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
     copied once; ``stacked`` rows: (offset in record, length, output offset, ROW_START/ROW_NEXT)
     for observation fields copied ``frames`` times (output row of ``frames * length`` bytes).
     """
+    r4 = region.view(np.uint32)
+    r8 = region.view(np.uint64)
+    o4 = out.view(np.uint32)
+    o8 = out.view(np.uint64)
     b = ids.shape[0]
     fk = np.empty(frames, np.int64)
     fs = np.empty(frames, np.int64)
@@ -146,18 +152,21 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
         for f in range(fields.shape[0]):
             n = fields[f, F_LEN]
             src = (noff if fields[f, F_NEXT] == ROW_NEXT else roff) + fields[f, F_REC_OFF]
-            dst = fields[f, F_OUT_OFF] + i * n
-            out[dst : dst + n] = region[src : src + n]
+            copy_bytes(region, r4, r8, out, o4, o8, src, fields[f, F_OUT_OFF] + i * n, n)
         for f in range(stacked.shape[0]):
             n = stacked[f, F_LEN]
-            if stacked[f, F_NEXT] == ROW_NEXT:
+            role = stacked[f, F_NEXT]
+            if role == ROW_NEXT:
                 stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs)
             else:
                 stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs)
+            width = frames + 1 if role == ROW_SHARED else frames
             for q in range(frames):
                 src = seg[fk[q], SEG_BASE] + fs[q] * rec_bytes + stacked[f, F_REC_OFF]
-                dst = stacked[f, F_OUT_OFF] + (i * frames + q) * n
-                out[dst : dst + n] = region[src : src + n]
+                copy_bytes(region, r4, r8, out, o4, o8, src, stacked[f, F_OUT_OFF] + (i * width + q) * n, n)
+            if role == ROW_SHARED:
+                src = noff + stacked[f, F_REC_OFF]
+                copy_bytes(region, r4, r8, out, o4, o8, src, stacked[f, F_OUT_OFF] + (i * width + frames) * n, n)
         i += 1
     return i, j
 
@@ -174,6 +183,10 @@ def valid_starts(seg, region, rec_bytes, flags, rew, n_step, gamma, ks, slots): 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def gather_sequences(seg, region, rec_bytes, is_last_off, total, stride, cand_k, cand_slot, start, fields, out,
                      is_last, mask, ids, seg_records):  # pragma: no cover - compiled
+    r4 = region.view(np.uint32)
+    r8 = region.view(np.uint64)
+    o4 = out.view(np.uint32)
+    o8 = out.view(np.uint64)
     b = ids.shape[0]
     ks = np.empty(total, np.int64)
     ss = np.empty(total, np.int64)
@@ -221,8 +234,7 @@ def gather_sequences(seg, region, rec_bytes, is_last_off, total, stride, cand_k,
                 mask[i, q] = in_ep
                 for f in range(fields.shape[0]):
                     ln = fields[f, 1]
-                    dst = fields[f, 2] + (i * total + q) * ln
-                    out[dst : dst + ln] = region[r + fields[f, 0] : r + fields[f, 0] + ln]
+                    copy_bytes(region, r4, r8, out, o4, o8, r + fields[f, 0], fields[f, 2] + (i * total + q) * ln, ln)
             else:
                 is_last[i, q] = False
                 mask[i, q] = False

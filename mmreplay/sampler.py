@@ -83,29 +83,40 @@ class TransitionSampler:
     # -- windowed views (n-step returns, frame stacks) ----------------------------------------
     def _wplan(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]], int]:
         """Kernel tables for fields copied once and observation fields stacked ``frame_stack``
-        times, and where each lands in the output buffer."""
+        times, and where each lands in the output buffer.
+
+        With one-step transitions the next stack is the current one shifted by a frame (within
+        an episode, clamping included), so each observation field is gathered once as
+        ``(B, frame_stack + 1, ...)`` and ``obs``/``next_obs`` are overlapping views of it: 5
+        frames copied per transition instead of 8 for Atari stacks of 4.
+        """
+        from ._windows import ROW_NEXT, ROW_SHARED, ROW_START
+
         key = -batch_size
         plan = self._plans.get(key)
         if plan is None:
             lay = self.store.layout
             schema = self.store.schema
             obs = set(schema.obs_names)
-            once, stacked, where, off = [], [], [], 0
             fs = self.frame_stack
+            shared = fs > 1 and self.n_step == 1
+            once, stacked, where, off = [], [], [], 0
             items = [(f.name, False) for f in schema.fields] + [(n, True) for n in schema.obs_names]
             for name, is_next in items:
                 f = schema[name]
                 rec_off = lay.column(name).offset - lay.records_offset
                 if name in obs and fs > 1:
-                    stacked.append((rec_off, f.row_bytes, off, int(is_next)))
-                    shape = (batch_size, fs, *f.shape)
-                    off += -(-f.row_bytes * fs * batch_size // 8) * 8
+                    if shared and is_next:
+                        continue  # a view of the shared block
+                    role = ROW_SHARED if shared else (ROW_NEXT if is_next else ROW_START)
+                    frames = fs + 1 if shared else fs
+                    stacked.append((rec_off, f.row_bytes, off, role))
+                    where.append((name, "shared" if shared else is_next, off, f.dtype, (batch_size, frames, *f.shape)))
+                    off += -(-f.row_bytes * frames * batch_size // 8) * 8
                 else:
-                    once.append((rec_off, f.row_bytes, off, int(is_next)))
-                    shape = (batch_size, *f.shape)
+                    once.append((rec_off, f.row_bytes, off, ROW_NEXT if is_next else ROW_START))
+                    where.append((name, is_next, off, f.dtype, (batch_size, *f.shape)))
                     off += -(-f.row_bytes * batch_size // 8) * 8
-                where.append((name, is_next, off - -(-f.row_bytes * (fs if name in obs and fs > 1 else 1)
-                                                     * batch_size // 8) * 8, f.dtype, shape))
             plan = (np.array(once, np.int64).reshape(-1, 4), np.array(stacked, np.int64).reshape(-1, 4), where, off)
             self._plans[key] = plan
         return plan
@@ -183,7 +194,11 @@ class TransitionSampler:
         cur: dict[str, np.ndarray] = {}
         nxt: dict[str, np.ndarray] = {}
         for name, is_next, off, dtype, shape in where:
-            (nxt if is_next else cur)[name] = np.ndarray(shape, dtype, buffer=out, offset=off)
+            arr = np.ndarray(shape, dtype, buffer=out, offset=off)
+            if is_next == "shared":  # (B, k+1, ...) frames: obs and next_obs overlap by k-1
+                cur[name], nxt[name] = arr[:, :-1], arr[:, 1:]
+            else:
+                (nxt if is_next else cur)[name] = arr
         if self._single_obs:
             obs, next_obs = cur.pop("obs"), nxt["obs"]
         else:

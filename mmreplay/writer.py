@@ -165,7 +165,10 @@ class Writer:
                                                daemon=True)
             self._publisher.start()
         # single-row fast path (lanes == 1): fields in record order, one structured assignment
-        self._one_names = [c.name for c in self.layout.columns[:-2]]
+        # schema fields in record order, and where is_last sits among them
+        rec_names = list(self.layout.record_dtype.names)
+        self._is_last_pos = rec_names.index("is_last")
+        self._one_names = [n for n in rec_names if n != "is_last"]
         self._one_types = [(self.schema[n].dtype, (1, *self.schema[n].shape)) for n in self._one_names]
         self._check_floats = nonfinite != "allow"
         self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._one_names]
@@ -338,7 +341,7 @@ class Writer:
             if seg is None or n == self.usable:
                 return self._append(None, fields, (1,))
             prev = self._prev_done
-            vals.append(prev)
+            vals.insert(self._is_last_pos, prev)
             seg.records[n] = tuple([v[0] for v in vals])
             # a non-finite value makes the sum non-finite; a finite sum that overflowed only
             # sends the row to the exact check of the general path
