@@ -120,7 +120,8 @@ def stack_rows(seg, region, rec_bytes, is_last_off, frames, k, slot, ks, slots):
 def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, cand_k, cand_slot, start,
                    fields, stacked, out, ids, seg_ids, seg_records, ret, discount, term, trunc):  # pragma: no cover
     """Fill batch rows ``start..`` from candidate starts, skipping invalid ones (for uniform
-    sampling), returning ``(filled, used)``.
+    sampling), returning ``(filled, used, touched)`` (``touched``: a checksum of the prefetch
+    pass, returned so the compiler keeps its loads).
 
     ``fields`` rows: (offset in record, length, output offset, ROW_START/ROW_NEXT) for fields
     copied once; ``stacked`` rows: (offset in record, length, output offset, ROW_START/ROW_NEXT)
@@ -133,6 +134,9 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
     b = ids.shape[0]
     fk = np.empty(frames, np.int64)
     fs = np.empty(frames, np.int64)
+    touched = 0
+    for j in range(cand_k.shape[0]):  # touch every candidate's record head: the misses overlap
+        touched += region[seg[cand_k[j], SEG_BASE] + cand_slot[j] * rec_bytes]
     i = start
     j = 0
     while i < b and j < cand_k.shape[0]:
@@ -168,7 +172,7 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
                 src = noff + stacked[f, F_REC_OFF]
                 copy_bytes(region, r4, r8, out, o4, o8, src, stacked[f, F_OUT_OFF] + (i * width + frames) * n, n)
         i += 1
-    return i, j
+    return i, j, touched
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

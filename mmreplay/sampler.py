@@ -147,7 +147,7 @@ class TransitionSampler:
             ks, slots = candidates(batch_size - filled + 8 + (batch_size - filled) // 4)
             if len(ks) == 0:
                 break
-            filled, _ = gather_windows(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
+            filled, _, _ = gather_windows(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
                                        self.n_step, self.gamma, self.frame_stack, ks, slots, filled, once, stacked,
                                        out, ids, reader.snapshot.segment_ids, self.store.segment_records,
                                        ret, disc, term, trunc)
