@@ -129,6 +129,12 @@ def main() -> None:
     ap.add_argument("--durability", default="segment", choices=["process", "segment", "batch"],
                     help="mmreplay writer durability (default: the library default, 'segment')")
     args = ap.parse_args()
+    try:  # SB3 and TorchRL sample through torch; with its default threads on 2 cores a small
+        import torch  # copy costs milliseconds (measured), which is not what we compare
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
     global DURABILITY
     DURABILITY = args.durability
     if args.quick:
