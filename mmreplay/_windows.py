@@ -36,6 +36,7 @@ from ._kernels import (
     SEG_SUCC,
     SEG_USABLE,
     copy_bytes,
+    draw_rows,
 )
 
 # F_NEXT values in a windowed plan: which row a field is copied from; ROW_SHARED: the start's
@@ -67,7 +68,7 @@ def _pred(seg, k, slot):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def walk(seg, region, rec_bytes, flags, rew, n_step, gamma, k, slot):  # pragma: no cover - compiled
+def walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot):  # pragma: no cover - compiled
     """The n-step window from row ``(k, slot)``.
 
     ``flags`` = byte offsets in a record of is_last, terminated, truncated; ``rew`` = (byte
@@ -83,9 +84,9 @@ def walk(seg, region, rec_bytes, flags, rew, n_step, gamma, k, slot):  # pragma:
     while True:
         rec = seg[k, SEG_BASE] + slot * rec_bytes
         if rew[1] == 4:
-            r = region[rec + rew[0] : rec + rew[0] + 4].view(np.float32)[0]
+            r = f4[(rec + rew[0]) >> 2]
         else:
-            r = region[rec + rew[0] : rec + rew[0] + 8].view(np.float64)[0]
+            r = f8[(rec + rew[0]) >> 3]
         g += disc * r
         nk, ns = _succ(seg, k, slot)
         if nk < 0:
@@ -129,21 +130,32 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
     """
     r4 = region.view(np.uint32)
     r8 = region.view(np.uint64)
+    f4 = region.view(np.float32)
+    f8 = region.view(np.float64)
     o4 = out.view(np.uint32)
     o8 = out.view(np.uint64)
     b = ids.shape[0]
     fk = np.empty(frames, np.int64)
     fs = np.empty(frames, np.int64)
     touched = 0
-    for j in range(cand_k.shape[0]):  # touch every candidate's record head: the misses overlap
-        touched += region[seg[cand_k[j], SEG_BASE] + cand_slot[j] * rec_bytes]
+    for j in range(cand_k.shape[0]):
+        # touch the heads of every record the window will read (the stack's rows back, the next
+        # rows on) in one pass of independent loads: their cache misses overlap
+        kk = cand_k[j]
+        lanes = seg[kk, SEG_LANES]
+        base = seg[kk, SEG_BASE] + cand_slot[j] * rec_bytes
+        lo = max(cand_slot[j] - (frames - 1) * lanes, cand_slot[j] % lanes)
+        hi = min(cand_slot[j] + n_step * lanes, seg[kk, SEG_COMMITTED] - 1)
+        for q in range(lo, hi + 1, lanes):
+            touched += region[seg[kk, SEG_BASE] + q * rec_bytes]
+        touched += region[base]
     i = start
     j = 0
     while i < b and j < cand_k.shape[0]:
         k = cand_k[j]
         slot = cand_slot[j]
         j += 1
-        ok, nk, ns, g, disc, te, tr = walk(seg, region, rec_bytes, flags, rew, n_step, gamma, k, slot)
+        ok, nk, ns, g, disc, te, tr = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
         if not ok:
             continue
         ids[i] = seg_ids[k] * seg_records + slot
@@ -176,11 +188,22 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def draw_and_gather(state, nrand, seg, region, rec_bytes, flags, rew, n_step, gamma, frames, start, fields, stacked,
+                    out, ids, seg_ids, seg_records, ret, discount, term, trunc):  # pragma: no cover - compiled
+    """Uniform candidates drawn from ``state`` and gathered, in one call (see ``gather_windows``)."""
+    ks, slots = draw_rows(state, nrand, seg)
+    return gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, slots, start, fields,
+                          stacked, out, ids, seg_ids, seg_records, ret, discount, term, trunc)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def valid_starts(seg, region, rec_bytes, flags, rew, n_step, gamma, ks, slots):  # pragma: no cover - compiled
     """Which candidate rows start a complete window (for prioritized replay's tree)."""
     out = np.zeros(ks.shape[0], np.bool_)
+    f4 = region.view(np.float32)
+    f8 = region.view(np.float64)
     for j in range(ks.shape[0]):
-        out[j] = walk(seg, region, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])[0]
+        out[j] = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])[0]
     return out
 
 

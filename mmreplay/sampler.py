@@ -48,7 +48,7 @@ class TransitionSampler:
         self.store = store
         self.rng = np.random.default_rng(seed)
         self.refresh_interval_s = refresh_interval_s
-        self._plans: dict[int, tuple[np.ndarray, list[tuple[Any, ...]], int]] = {}
+        self._plans: dict[Any, Any] = {}
         self._single_obs = store.schema.obs_names == ("obs",)
         # the compiled kernel's own generator state, seeded from ``rng`` (xoshiro256**)
         self._state = self.rng.integers(1, 2**63, size=4, dtype=np.int64).view(np.uint64)
@@ -101,7 +101,8 @@ class TransitionSampler:
             fs = self.frame_stack
             shared = fs > 1 and self.n_step == 1
             once, stacked, where, off = [], [], [], 0
-            items = [(f.name, False) for f in schema.fields] + [(n, True) for n in schema.obs_names]
+            items = [(f.name, False) for f in schema.fields if f.name not in ("reward", "terminated", "truncated")]
+            items += [(n, True) for n in schema.obs_names]
             for name, is_next in items:
                 f = schema[name]
                 rec_off = lay.column(name).offset - lay.records_offset
@@ -122,44 +123,54 @@ class TransitionSampler:
         return plan
 
     def _window_consts(self) -> tuple[np.ndarray, np.ndarray]:
-        lay = self.store.layout
-        r = lay.records_offset
-        flags = np.array([lay.column(n).offset - r for n in ("is_last", "terminated", "truncated")], np.int64)
-        rew = np.array([lay.column("reward").offset - r, self.store.schema["reward"].dtype.itemsize], np.int64)
-        return flags, rew
+        consts = self._plans.get("consts")
+        if consts is None:
+            lay = self.store.layout
+            r = lay.records_offset
+            flags = np.array([lay.column(n).offset - r for n in ("is_last", "terminated", "truncated")], np.int64)
+            rew = np.array([lay.column("reward").offset - r, self.store.schema["reward"].dtype.itemsize], np.int64)
+            consts = self._plans["consts"] = (flags, rew)
+        return consts
 
     def _gather_windowed(self, batch_size: int, candidates: Any, weights: np.ndarray | None = None) -> TransitionBatch:
         """Fill a batch from ``candidates(n) -> (ks, slots)``, skipping starts whose window is
         incomplete; the views' values come back in ``reward``, ``discount`` and the flags."""
-        from ._windows import gather_windows
+        from ._windows import draw_and_gather, gather_windows
 
         reader = self.store.reader
         once, stacked, where, nbytes = self._wplan(batch_size)
         flags, rew = self._window_consts()
         out = np.empty(nbytes, np.uint8)
         ids = np.empty(batch_size, np.int64)
-        ret = np.empty(batch_size, np.float64)
-        disc = np.empty(batch_size, np.float64)
+        ret = np.empty(batch_size, np.float32)
+        disc = np.empty(batch_size, np.float32)
         term = np.empty(batch_size, np.bool_)
         trunc = np.empty(batch_size, np.bool_)
         filled = 0
+        seg = reader.segment_table()
+        rec_bytes = self.store.layout.record_bytes
         for _ in range(_MAX_ROUNDS):
-            ks, slots = candidates(batch_size - filled + 8 + (batch_size - filled) // 4)
-            if len(ks) == 0:
-                break
-            filled, _, _ = gather_windows(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
-                                       self.n_step, self.gamma, self.frame_stack, ks, slots, filled, once, stacked,
-                                       out, ids, reader.snapshot.segment_ids, self.store.segment_records,
-                                       ret, disc, term, trunc)
+            want = batch_size - filled + 8 + (batch_size - filled) // 4
+            if isinstance(candidates, np.ndarray):  # a generator state: the kernel draws rows itself
+                filled, _, _ = draw_and_gather(candidates, want, seg, reader.bytes, rec_bytes, flags, rew, self.n_step,
+                                               self.gamma, self.frame_stack, filled, once, stacked, out, ids,
+                                               reader.snapshot.segment_ids, self.store.segment_records,
+                                               ret, disc, term, trunc)
+            else:
+                ks, slots = candidates(want)
+                if len(ks) == 0:
+                    break
+                filled, _, _ = gather_windows(seg, reader.bytes, rec_bytes, flags, rew,
+                                              self.n_step, self.gamma, self.frame_stack, ks, slots, filled, once,
+                                              stacked, out, ids, reader.snapshot.segment_ids,
+                                              self.store.segment_records, ret, disc, term, trunc)
             if filled == batch_size:
                 break
         if filled < batch_size:
             if isinstance(candidates, _once):
                 return TransitionBatch(*([np.zeros(0)] * 6), ids[:filled])  # the caller reports it
             raise EmptyStoreError(f"{self.store.path} has too few complete {self.n_step}-step windows to sample from")
-        b = self._assemble(out, ids, where)
-        return TransitionBatch(b.obs, b.action, ret.astype(np.float32), b.next_obs, term, trunc, ids, b.extra,
-                               weights, disc.astype(np.float32))
+        return self._assemble(out, ids, where, weights, (ret, disc, term, trunc))
 
     def valid_ids(self) -> np.ndarray:
         """Ids of every row that starts a complete transition under this sampler's view
@@ -189,7 +200,7 @@ class TransitionSampler:
         return b
 
     def _assemble(self, out: np.ndarray, ids: np.ndarray, where: list[tuple[Any, ...]],
-                  weights: np.ndarray | None = None) -> TransitionBatch:
+                  weights: np.ndarray | None = None, window: tuple[np.ndarray, ...] | None = None) -> TransitionBatch:
         """Views of the gathered blocks as a batch (no copy)."""
         cur: dict[str, np.ndarray] = {}
         nxt: dict[str, np.ndarray] = {}
@@ -205,6 +216,9 @@ class TransitionSampler:
             obs_names = self.store.schema.obs_names
             obs = {n.removeprefix("obs/"): cur.pop(n) for n in obs_names}
             next_obs = {n.removeprefix("obs/"): nxt[n] for n in obs_names}
+        if window is not None:  # n-step return, discount and the window's own end flags
+            ret, disc, term, trunc = window
+            return TransitionBatch(obs, cur.pop("action"), ret, next_obs, term, trunc, ids, cur, weights, disc)
         return TransitionBatch(obs, cur.pop("action"), cur.pop("reward"), next_obs, cur.pop("terminated"),
                                cur.pop("truncated"), ids, cur, weights)
 
@@ -268,13 +282,10 @@ class UniformSampler(TransitionSampler):
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
         if self.windowed:
-            from ._kernels import draw_rows
-
             self._maybe_refresh()
             if self.store.reader.snapshot.total_rows == 0:
                 raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
-            seg = self.store.reader.segment_table()
-            return self._gather_windowed(batch_size, lambda n: draw_rows(self._state, n, seg))
+            return self._gather_windowed(batch_size, self._state)
         out, ids, where = self._sample_raw(batch_size)
         return self._assemble(out, ids, where)
 
