@@ -150,7 +150,7 @@ class TransitionSampler:
         seg = reader.segment_table()
         rec_bytes = self.store.layout.record_bytes
         for _ in range(_MAX_ROUNDS):
-            want = batch_size - filled + 8 + (batch_size - filled) // 4
+            want = batch_size - filled + 4 + (batch_size - filled) // 16  # few starts are rejected
             if isinstance(candidates, np.ndarray):  # a generator state: the kernel draws rows itself
                 filled, _, _ = draw_and_gather(candidates, want, seg, reader.bytes, rec_bytes, flags, rew, self.n_step,
                                                self.gamma, self.frame_stack, filled, once, stacked, out, ids,
