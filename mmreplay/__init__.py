@@ -26,6 +26,7 @@ from .errors import (  # noqa: E402
     WriterBusyError,
     WriterFailedError,
 )
+from .loader import BatchLoader, TensorBatch  # noqa: E402  (torch is imported when a loader is made)
 from .prioritized import PrioritizedSampler  # noqa: E402
 from .sampler import TransitionSampler, UniformSampler  # noqa: E402
 from .schema import Field, Schema  # noqa: E402
@@ -35,7 +36,7 @@ from .view import TransitionBatch  # noqa: E402
 from .writer import Writer  # noqa: E402
 
 __all__ = [
-    "CorruptSegmentError",
+    "BatchLoader",    "CorruptSegmentError",
     "CorruptStoreError",
     "DiskFullError",
     "EmptyStoreError",
@@ -55,6 +56,7 @@ __all__ = [
     "StoreFullError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "TensorBatch",
     "TransitionBatch",
     "TransitionSampler",
     "UniformSampler",

@@ -179,7 +179,7 @@ class PrioritizedSampler(TransitionSampler):
                 raise RuntimeError("prioritized draw hit an incomplete window")
             return b
         table, where, nbytes = self._plan(batch_size)
-        out = np.empty(nbytes, np.uint8)
+        out = self._buffer(nbytes)
         self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out)
         self.steps += 1
         return self._assemble(out, ids, where, weights)

@@ -50,8 +50,33 @@ class TransitionSampler:
         self.refresh_interval_s = refresh_interval_s
         self._plans: dict[Any, Any] = {}
         self._single_obs = store.schema.obs_names == ("obs",)
+        self._out: np.ndarray | None = None  # set by fill(): gather into the caller's buffer
         # the compiled kernel's own generator state, seeded from ``rng`` (xoshiro256**)
         self._state = self.rng.integers(1, 2**63, size=4, dtype=np.int64).view(np.uint64)
+
+    def batch_nbytes(self, batch_size: int) -> int:
+        """Bytes of the gathered block behind a batch of ``batch_size`` (for preallocated, e.g.
+        pinned, buffers: see ``fill``)."""
+        return int((self._wplan(batch_size) if self.windowed else self._plan(batch_size))[-1])
+
+    def fill(self, out: np.ndarray, batch_size: int) -> TransitionBatch:
+        """``sample`` gathering straight into ``out`` (a uint8 buffer of at least
+        ``batch_nbytes(batch_size)`` bytes, e.g. a view of pinned memory): the batch's large
+        arrays are views of ``out``, so it is valid until ``out`` is reused."""
+        if out.dtype != np.uint8 or out.ndim != 1 or len(out) < self.batch_nbytes(batch_size):
+            raise ValueError(f"`out` must be a 1-D uint8 buffer of >= {self.batch_nbytes(batch_size)} bytes")
+        self._out = out
+        try:
+            return self.sample(batch_size)
+        finally:
+            self._out = None
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        out = self._out
+        return out[:nbytes] if out is not None else np.empty(nbytes, np.uint8)
+
+    def sample(self, batch_size: int) -> TransitionBatch:  # pragma: no cover - overridden
+        raise NotImplementedError
 
     def _maybe_refresh(self) -> None:
         st = self.store
@@ -140,7 +165,7 @@ class TransitionSampler:
         reader = self.store.reader
         once, stacked, where, nbytes = self._wplan(batch_size)
         flags, rew = self._window_consts()
-        out = np.empty(nbytes, np.uint8)
+        out = self._buffer(nbytes)
         ids = np.empty(batch_size, np.int64)
         ret = np.empty(batch_size, np.float32)
         disc = np.empty(batch_size, np.float32)
@@ -255,7 +280,7 @@ class UniformSampler(TransitionSampler):
             raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
         table, where, nbytes = self._plan(batch_size)
         seg = reader.segment_table()
-        out = np.empty(nbytes, np.uint8)
+        out = self._buffer(nbytes)
         ids = np.empty(batch_size, np.int64)
         lay = self.store.layout
         is_last_off = lay.column("is_last").offset - lay.records_offset

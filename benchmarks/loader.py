@@ -1,0 +1,80 @@
+"""Loader benchmark: BatchLoader (background gather into host buffers) against synchronous
+sampling + torch.from_numpy, with a simulated learner step, for the Atari workload.
+
+    python benchmarks/loader.py [--rows 50000] [--step-ms 2.0] [--seconds 3]
+
+Reports batches/s and the fraction of wall time the learner spent waiting for data, at batch
+32 and 256 (frames 84x84 uint8, stacks of 4). The learner step is a busy wait of --step-ms
+(standing in for a network update that releases the GIL, as torch kernels do). On a CUDA
+machine the loader also copies to the GPU asynchronously (`--device cuda`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import mmreplay
+
+
+def learner_step(ms: float) -> None:
+    """Stand-in for an update: torch work that releases the GIL for about ``ms``."""
+    end = time.perf_counter() + ms / 1e3
+    x = torch.ones(256, 256)
+    while time.perf_counter() < end:
+        x = x @ x * 1e-3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--step-ms", type=float, default=2.0)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tmp = tempfile.mkdtemp(prefix="mmreplay-loader-", dir="/var/tmp")
+    try:
+        store = mmreplay.create_store(f"{tmp}/s", mmreplay.Schema.transition((84, 84), np.uint8), capacity=args.rows)
+        frames = np.random.default_rng(0).integers(0, 255, (64, 1, 84, 84), dtype=np.uint8)
+        with store.writer(lanes=1) as w:
+            for _ in range(args.rows // 64):
+                w.add_batch(obs=frames, action=np.zeros((64, 1), np.int64), reward=np.zeros((64, 1), np.float32),
+                            terminated=(np.arange(64) == 63)[:, None], truncated=np.zeros((64, 1), bool))
+        print(f"| batch | mode | batches/s | learner waiting |\n|---|---|---|---|")
+        for batch in (32, 256):
+            sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=0)
+            sampler.sample(batch)
+            n, waited, t0 = 0, 0.0, time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds:
+                w0 = time.perf_counter()
+                b = sampler.sample(batch)
+                obs = torch.from_numpy(b.obs).to(args.device)
+                waited += time.perf_counter() - w0
+                learner_step(args.step_ms)
+                n += 1
+            dt = time.perf_counter() - t0
+            print(f"| {batch} | synchronous | {n / dt:,.0f} | {waited / dt:.0%} |")
+            with mmreplay.BatchLoader(mmreplay.UniformSampler(store, frame_stack=4, seed=0), batch,
+                                      device=args.device, profile=True) as loader:
+                next(loader)
+                n, t0 = 0, time.perf_counter()
+                w_start = loader.stats()["wait_s"]
+                while time.perf_counter() - t0 < args.seconds:
+                    b = next(loader)
+                    learner_step(args.step_ms)
+                    n += 1
+                dt = time.perf_counter() - t0
+                print(f"| {batch} | BatchLoader | {n / dt:,.0f} | {(loader.stats()['wait_s'] - w_start) / dt:.0%} |")
+        store.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
