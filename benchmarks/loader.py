@@ -46,7 +46,7 @@ def main() -> None:
             for _ in range(args.rows // 64):
                 w.add_batch(obs=frames, action=np.zeros((64, 1), np.int64), reward=np.zeros((64, 1), np.float32),
                             terminated=(np.arange(64) == 63)[:, None], truncated=np.zeros((64, 1), bool))
-        print(f"| batch | mode | batches/s | learner waiting |\n|---|---|---|---|")
+        print("| batch | mode | batches/s | learner waiting |\n|---|---|---|---|")
         for batch in (32, 256):
             sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=0)
             sampler.sample(batch)
