@@ -54,7 +54,7 @@ def main() -> None:
             while time.perf_counter() - t0 < args.seconds:
                 w0 = time.perf_counter()
                 b = sampler.sample(batch)
-                obs = torch.from_numpy(b.obs).to(args.device)
+                torch.from_numpy(b.obs).to(args.device)
                 waited += time.perf_counter() - w0
                 learner_step(args.step_ms)
                 n += 1
