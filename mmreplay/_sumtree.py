@@ -25,6 +25,18 @@ from ._kernels import _next_u64
 K = 8
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _recompute(sums, mins, b, c, p):  # pragma: no cover - compiled
+    """Node ``p`` (level base ``b``) := sum and min of its K children (level base ``c``)."""
+    s = 0.0
+    m = np.inf
+    for q in range(p * K, p * K + K):
+        s += sums[c + q]
+        m = min(m, mins[c + q])
+    sums[b + p] = s
+    mins[b + p] = m
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def _set(sums, mins, offs, depth, leaves, values):  # pragma: no cover - compiled
     base = offs[depth]
@@ -45,14 +57,7 @@ def _set(sums, mins, offs, depth, leaves, values):  # pragma: no cover - compile
         for j in range(n):  # independent loads first, as in _sample
             touched += sums[b + idx[j]]
         for j in range(n):
-            p = idx[j]
-            s = 0.0
-            m = np.inf
-            for q in range(p * K, p * K + K):
-                s += sums[c + q]
-                m = min(m, mins[c + q])
-            sums[b + p] = s
-            mins[b + p] = m
+            _recompute(sums, mins, b, c, idx[j])
     return touched
 
 
@@ -71,13 +76,7 @@ def _fill(sums, mins, offs, depth, lo, hi, value):  # pragma: no cover - compile
         nb = offs[d]
         c = offs[d + 1]
         for p in range(a, b + 1):
-            s = 0.0
-            m = np.inf
-            for q in range(p * K, p * K + K):
-                s += sums[c + q]
-                m = min(m, mins[c + q])
-            sums[nb + p] = s
-            mins[nb + p] = m
+            _recompute(sums, mins, nb, c, p)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

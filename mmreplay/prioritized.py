@@ -178,9 +178,9 @@ class PrioritizedSampler(TransitionSampler):
             if len(b.ids) != batch_size:  # pragma: no cover - the tree holds only complete windows
                 raise RuntimeError("prioritized draw hit an incomplete window")
             return b
-        table, where, nbytes = self._plan(batch_size)
+        table, where, big, nbytes = self._plan(batch_size)
         out = self._buffer(nbytes)
-        self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out)
+        self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out, big)
         self.steps += 1
         return self._assemble(out, ids, where, weights)
 

@@ -87,7 +87,7 @@ class TransitionSampler:
         elif st._dirty:
             st.refresh(scan=False)
 
-    def _plan(self, batch_size: int) -> tuple[np.ndarray, list[tuple[Any, ...]], int]:
+    def _plan(self, batch_size: int) -> tuple[np.ndarray, list[tuple[Any, ...]], bool, int]:
         """Field table for the kernel and where each field lands in the output buffer."""
         plan = self._plans.get(batch_size)
         if plan is None:
@@ -101,7 +101,8 @@ class TransitionSampler:
                 rows.append((c.offset - lay.records_offset, n, off, int(is_next)))
                 where.append((name, is_next, off, schema[name].dtype, (batch_size, *schema[name].shape)))
                 off += -(-n * batch_size // 8) * 8  # 8-aligned blocks: the kernel copies words
-            plan = (np.array(rows, np.int64).reshape(-1, 4), where, off)
+            table = np.array(rows, np.int64).reshape(-1, 4)
+            plan = (table, where, bool((table[:, 1] >= 128).any()), off)  # big: frame-sized fields
             self._plans[batch_size] = plan
         return plan
 
@@ -278,7 +279,7 @@ class UniformSampler(TransitionSampler):
         total = reader.snapshot.total_rows
         if total == 0:
             raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
-        table, where, nbytes = self._plan(batch_size)
+        table, where, big, nbytes = self._plan(batch_size)
         seg = reader.segment_table()
         out = self._buffer(nbytes)
         ids = np.empty(batch_size, np.int64)
@@ -288,7 +289,7 @@ class UniformSampler(TransitionSampler):
         for _ in range(_MAX_ROUNDS):
             nrand = batch_size - filled + 8 + (batch_size - filled) // 4
             filled, _used, _ = sample_transitions(self._state, nrand, filled, seg, reader.bytes, lay.record_bytes, is_last_off,
-                                                  self.store.segment_records, table, out, ids)
+                                                  self.store.segment_records, table, out, ids, big)
             if filled == batch_size:
                 return out, ids, where
         if len(self.store.transition_ids()) == 0:
