@@ -17,7 +17,7 @@ Invariants kept here:
   allocation/eviction critical section takes the store-wide ``alloc.lock``, for milliseconds;
 * eviction deletes the oldest *sealed* segments, never an open one, and only while the sealed
   segments left still hold at least ``capacity`` rows (so a full store keeps at least
-  ``capacity`` rows, and at most ``capacity`` plus one segment per open writer).
+  ``capacity`` rows, and at most ``capacity`` plus one segment, plus one segment per writer).
 """
 
 from __future__ import annotations
