@@ -26,6 +26,22 @@ if TYPE_CHECKING:
     from .store import ReplayStore
 
 _MAX_ROUNDS = 64
+_KERNELS: Any = None
+
+
+def _kernels() -> Any:
+    """The compiled kernels, imported once on first use (numba is not loaded by ``import
+    mmreplay``; a function-level import on every batch costs about a microsecond)."""
+    global _KERNELS
+    if _KERNELS is None:
+        from types import SimpleNamespace
+
+        from . import _kernels as k
+        from . import _windows as w
+
+        _KERNELS = SimpleNamespace(sample_transitions=k.sample_transitions, draw_and_gather=w.draw_and_gather,
+                                   gather_windows=w.gather_windows)
+    return _KERNELS
 
 
 class TransitionSampler:
@@ -161,8 +177,8 @@ class TransitionSampler:
     def _gather_windowed(self, batch_size: int, candidates: Any, weights: np.ndarray | None = None) -> TransitionBatch:
         """Fill a batch from ``candidates(n) -> (ks, slots)``, skipping starts whose window is
         incomplete; the views' values come back in ``reward``, ``discount`` and the flags."""
-        from ._windows import draw_and_gather, gather_windows
-
+        k = _kernels()
+        draw_and_gather, gather_windows = k.draw_and_gather, k.gather_windows
         reader = self.store.reader
         once, stacked, where, nbytes = self._wplan(batch_size)
         flags, rew = self._window_consts()
@@ -272,8 +288,7 @@ class UniformSampler(TransitionSampler):
     """
 
     def _sample_raw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
-        from ._kernels import sample_transitions
-
+        sample_transitions = _kernels().sample_transitions
         self._maybe_refresh()
         reader = self.store.reader
         total = reader.snapshot.total_rows
