@@ -12,10 +12,14 @@ import mmreplay
 SCHEMA = mmreplay.Schema.transition(obs_shape=(2,), obs_dtype=np.float32)
 
 
-def reference(rows, n, gamma, k):
-    """{(lane, t): (return, discount, next t, terminated, truncated, stack ts, next stack ts)}."""
+def reference(rows, n, gamma, k, first_present=None):
+    """{(lane, t): (return, discount, next t, terminated, truncated, stack ts, next stack ts)}.
+
+    ``first_present[lane]``: the lane's oldest row still stored (older ones were evicted);
+    windows never start, and stacks never reach, before it."""
     out = {}
     for lane, rs in rows.items():
+        first = (first_present or {}).get(lane, 0)
         start = 0
         starts = []  # first row of each row's episode
         for t, r in enumerate(rs):
@@ -23,7 +27,7 @@ def reference(rows, n, gamma, k):
             if r["is_last"]:
                 start = t + 1
         for t, r in enumerate(rs):
-            if r["is_last"]:
+            if r["is_last"] or t < first:
                 continue
             g, disc, m, u = 0.0, 1.0, 0, t
             result = None
@@ -46,8 +50,8 @@ def reference(rows, n, gamma, k):
             if result is None:
                 continue
 
-            def stack(x, first=starts):
-                return [max(x - j, first[x]) for j in range(k - 1, -1, -1)]
+            def stack(x, ep=starts, first=first):
+                return [max(x - j, ep[x], first) for j in range(k - 1, -1, -1)]
 
             out[(lane, t)] = (*result, stack(t), stack(result[2]))
     return out
@@ -56,10 +60,10 @@ def reference(rows, n, gamma, k):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lanes=st.integers(1, 3), steps=st.integers(1, 40), n=st.integers(1, 4), k=st.integers(1, 4),
        gamma=st.sampled_from([0.0, 0.5, 0.99, 1.0]), final=st.booleans(), seed=st.integers(0, 2**16),
-       per=st.booleans())
-def test_windows_match_the_reference(tmp_path_factory, lanes, steps, n, k, gamma, final, seed, per):
+       per=st.booleans(), capacity=st.sampled_from([10_000, 12]))
+def test_windows_match_the_reference(tmp_path_factory, lanes, steps, n, k, gamma, final, seed, per, capacity):
     rng = np.random.default_rng(seed)
-    store = mmreplay.create_store(tmp_path_factory.mktemp("w") / "s", SCHEMA, segment_records=6)
+    store = mmreplay.create_store(tmp_path_factory.mktemp("w") / "s", SCHEMA, segment_records=6, capacity=capacity)
     rows = {lane: [] for lane in range(lanes)}
     prev = np.zeros(lanes, bool)
     with store.writer(lanes=lanes) as w:
@@ -77,7 +81,14 @@ def test_windows_match_the_reference(tmp_path_factory, lanes, steps, n, k, gamma
             w.close(last_obs=np.stack([np.arange(lanes, dtype=np.float32), np.full(lanes, steps, np.float32)], 1))
             for lane in range(lanes):
                 rows[lane].append({"reward": 0.0, "terminated": False, "truncated": False, "is_last": True})
-    ref = reference(rows, n, gamma, k)
+    store.refresh()
+    snap = store.reader.snapshot
+    present = np.concatenate([store.reader.columns["obs"][int(snap.windows[i]), : int(snap.committed[i])]
+                              for i in range(len(snap.segment_ids))]) if len(snap.segment_ids) else np.zeros((0, 2))
+    first_present = {lane: int(present[present[:, 0] == lane, 1].min()) for lane in range(lanes)
+                     if (present[:, 0] == lane).any()}
+    first_present.update({lane: len(rows[lane]) for lane in range(lanes) if lane not in first_present})
+    ref = reference(rows, n, gamma, k, first_present)
     cls = mmreplay.PrioritizedSampler if per else mmreplay.UniformSampler
     sampler = cls(store, n_step=n, gamma=gamma, frame_stack=k, seed=0)
     ids = sampler.valid_ids()
