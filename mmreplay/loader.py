@@ -197,7 +197,12 @@ class BatchLoader:
             raise RuntimeError("the loader's worker thread failed") from item
         tb, slot, event = item
         if event is not None:
-            self.torch.cuda.current_stream(self.device).wait_event(event)
+            stream = self.torch.cuda.current_stream(self.device)
+            stream.wait_event(event)
+            # the tensors were allocated on the loader's stream and are used on this one: tell
+            # the caching allocator, or it could hand their memory out again too early
+            for t in _tensors(tb):
+                t.record_stream(stream)
         self._held = slot
         self._batches += 1
         return tb
@@ -231,6 +236,17 @@ class BatchLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _tensors(tb: TensorBatch) -> list[Any]:
+    out = []
+    for v in (tb.obs, tb.action, tb.reward, tb.next_obs, tb.terminated, tb.truncated, tb.weights, tb.discount,
+              *tb.extra.values()):
+        if isinstance(v, dict):
+            out.extend(v.values())
+        elif v is not None:
+            out.append(v)
+    return out
 
 
 class _null:

@@ -320,3 +320,20 @@ def test_store_used_after_close(store):
     store.close()
     with pytest.raises(mmreplay.StoreClosedError):
         store.refresh()
+
+
+def test_reader_grows_its_address_range_past_the_initial_windows(tmp_path, schema):
+    s = mmreplay.create_store(tmp_path / "s", schema, capacity=32, segment_records=16)
+    start = s.reader.region.slots
+    writers = [s.writer(lanes=1) for _ in range(start + 4)]  # each holds an open segment
+    for i, w in enumerate(writers):
+        for t in range(3):
+            w.add(**{**step(1, t), "action": np.array([i], np.int64)})
+    s.refresh()
+    assert s.reader.region.slots > start  # remapped into a larger range
+    b = UniformSampler(s, seed=0).sample(4000)
+    assert set(b.action.tolist()) == set(range(len(writers)))
+    assert (b.next_obs[:, 0] == b.obs[:, 0] + 1).all()
+    for w in writers:
+        w.close()
+    s.close()
