@@ -103,6 +103,8 @@ class BatchLoader:
         self._held: int | None = None  # the buffer behind the batch the consumer holds
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._waits: list[float] = []
+        self._updates_s: list[float] = []
+        self._handed_at: float | None = None
         self._batches = 0
         self._thread = threading.Thread(target=self._work, name="mmreplay-loader", daemon=True)
         self._thread.start()
@@ -189,9 +191,12 @@ class BatchLoader:
             self._free.put(self._held)  # the consumer moved on: its buffer can be refilled
             self._held = None
         t0 = time.perf_counter() if self.profile else 0.0
+        if self.profile and self._handed_at is not None:
+            self._updates_s.append(t0 - self._handed_at)  # the learner's time with the last batch
         item = self._ready.get()
         if self.profile:
-            self._waits.append(time.perf_counter() - t0)
+            self._handed_at = time.perf_counter()
+            self._waits.append(self._handed_at - t0)
         if isinstance(item, BaseException):
             self.close()
             raise RuntimeError("the loader's worker thread failed") from item
@@ -213,9 +218,19 @@ class BatchLoader:
         self._updates.put((np.asarray(ids, np.int64).copy(), np.asarray(td, np.float64).copy()))
 
     def stats(self) -> dict[str, float]:
-        """Batches handed out, and (with ``profile=True``) the consumer's total and mean wait."""
-        w = self._waits
-        return {"batches": self._batches, "wait_s": float(sum(w)), "mean_wait_ms": 1e3 * float(np.mean(w)) if w else 0.0}
+        """Batches handed out and, with ``profile=True``, per step: the consumer's wait for data
+        and its time in the update (between taking a batch and asking for the next), in total
+        and as the fraction of the wall time spent waiting."""
+        w, u = self._waits, self._updates_s
+        total = float(sum(w) + sum(u))
+        return {
+            "batches": self._batches,
+            "wait_s": float(sum(w)),
+            "update_s": float(sum(u)),
+            "mean_wait_ms": 1e3 * float(np.mean(w)) if w else 0.0,
+            "mean_update_ms": 1e3 * float(np.mean(u)) if u else 0.0,
+            "wait_fraction": float(sum(w)) / total if total > 0 else 0.0,
+        }
 
     def close(self) -> None:
         """Stop the worker (promptly) and drop the buffers."""

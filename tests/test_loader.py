@@ -77,7 +77,8 @@ def test_close_stops_the_worker_and_leaks_no_thread(store):
     for _, _b in zip(range(5), loader):
         pass
     stats = loader.stats()
-    assert stats["batches"] == 5 and stats["wait_s"] >= 0
+    assert stats["batches"] == 5 and stats["wait_s"] > 0 and stats["update_s"] > 0
+    assert 0 < stats["wait_fraction"] < 1
     loader.close()
     assert not loader._thread.is_alive()
     assert {t.ident for t in threading.enumerate() if t.name == "mmreplay-loader"} - before == set()
