@@ -178,9 +178,11 @@ class Writer:
         self._zero_record = np.zeros((), self.layout.record_dtype)
         self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
         atexit.register(self._atexit)
-        try:  # the first segment is made now, not on the first append
+        try:  # the first segment, and the next one, are made now, not on the append path
             with self._mutex:
                 self._roll()
+                if self.usable > 1:
+                    self._supply.ensure(1)
         except BaseException:
             self.close()
             raise
