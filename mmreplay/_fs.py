@@ -173,8 +173,3 @@ class AddressRegion:
         if not self._closed:
             self._closed = True
             _libc.munmap(self.base, self.size)
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        # Arrays viewing the region keep ``self.buffer`` alive but not this object; a region is
-        # only unmapped by an explicit close() once its views are dropped.
-        pass

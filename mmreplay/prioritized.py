@@ -29,7 +29,7 @@ import numpy as np
 
 from ._fs import atomic_write
 from .errors import EmptyStoreError
-from .sampler import TransitionSampler
+from .sampler import TransitionSampler, _kernels, _once
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,12 +60,8 @@ class PrioritizedSampler(TransitionSampler):
             raise ValueError("`eps` must be > 0 and `beta_steps` >= 1")
         super().__init__(store, seed=seed, refresh_interval_s=refresh_interval_s, n_step=n_step, gamma=gamma,
                          frame_stack=frame_stack)
-        from types import SimpleNamespace
-
-        from ._kernels import gather_at
-        from ._sumtree import SumTree, sample_rows, update_rows
-
-        self._k = SimpleNamespace(gather_at=gather_at, sample_rows=sample_rows, update_rows=update_rows)
+        self._k = _kernels()
+        SumTree = self._k.SumTree
         self.alpha, self.beta0, self.beta_final, self.beta_steps, self.eps = alpha, beta, beta_final, beta_steps, eps
         self.name = name
         self.steps = 0
@@ -139,8 +135,7 @@ class PrioritizedSampler(TransitionSampler):
 
         slot = np.arange(lo, hi)
         if self.windowed:
-            from ._windows import valid_starts
-
+            valid_starts = self._k.valid_starts
             reader = self.store.reader
             flags, rew = self._window_consts()
             ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
@@ -172,8 +167,6 @@ class PrioritizedSampler(TransitionSampler):
                     reader.snapshot.segment_ids, self.beta, k, slot, ids, weights)
         if self.windowed:
             self.steps += 1
-            from .sampler import _once
-
             b = self._gather_windowed(batch_size, _once(k, slot), weights)
             if len(b.ids) != batch_size:  # pragma: no cover - the tree holds only complete windows
                 raise RuntimeError("prioritized draw hit an incomplete window")

@@ -37,10 +37,15 @@ def _kernels() -> Any:
         from types import SimpleNamespace
 
         from . import _kernels as k
+        from . import _sumtree as t
         from . import _windows as w
 
-        _KERNELS = SimpleNamespace(sample_transitions=k.sample_transitions, draw_and_gather=w.draw_and_gather,
-                                   gather_windows=w.gather_windows)
+        _KERNELS = SimpleNamespace(
+            sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
+            draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
+            gather_sequences=w.gather_sequences, sample_rows=t.sample_rows, update_rows=t.update_rows,
+            SumTree=t.SumTree,
+        )
     return _KERNELS
 
 
@@ -209,16 +214,13 @@ class TransitionSampler:
             if filled == batch_size:
                 break
         if filled < batch_size:
-            if isinstance(candidates, _once):
-                return TransitionBatch(*([np.zeros(0)] * 6), ids[:filled])  # the caller reports it
             raise EmptyStoreError(f"{self.store.path} has too few complete {self.n_step}-step windows to sample from")
         return self._assemble(out, ids, where, weights, (ret, disc, term, trunc))
 
     def valid_ids(self) -> np.ndarray:
         """Ids of every row that starts a complete transition under this sampler's view
         (``n_step``, ``frame_stack``), in id order. O(rows): for tests and tools."""
-        from ._windows import valid_starts
-
+        valid_starts = _kernels().valid_starts
         self.store._sync_local()
         reader = self.store.reader
         snap = reader.snapshot
@@ -236,10 +238,10 @@ class TransitionSampler:
         is not visible or does not start a complete window)."""
         ids = np.asarray(ids, np.int64)
         k, slot = self.store.reader.locate(ids)
-        b = self._gather_windowed(len(ids), _once(k, slot))
-        if not np.array_equal(b.ids, ids):
-            raise KeyError("some ids do not start a complete window (episode end or lookahead not written)")
-        return b
+        try:
+            return self._gather_windowed(len(ids), _once(k, slot))
+        except EmptyStoreError:  # a start was skipped: it does not begin a complete window
+            raise KeyError("some ids do not start a complete window (episode end or lookahead not written)") from None
 
     def _assemble(self, out: np.ndarray, ids: np.ndarray, where: list[tuple[Any, ...]],
                   weights: np.ndarray | None = None, window: tuple[np.ndarray, ...] | None = None) -> TransitionBatch:

@@ -72,8 +72,9 @@ class SequenceSampler:
         self._is_last_off = lay.column("is_last").offset - lay.records_offset
 
     def _gather(self, batch_size: int, candidates: Any) -> SequenceBatch:
-        from ._windows import gather_sequences
+        from .sampler import _kernels
 
+        gather_sequences = _kernels().gather_sequences
         reader = self.store.reader
         fields = self._fields1.copy()
         fields[:, 2] *= batch_size  # block f starts after the previous fields' B*T rows
@@ -113,7 +114,9 @@ class SequenceSampler:
 
     def sample(self, batch_size: int) -> SequenceBatch:
         """``batch_size`` windows drawn uniformly over valid starts, with replacement."""
-        from ._kernels import draw_rows
+        from .sampler import _kernels
+
+        draw_rows = _kernels().draw_rows
 
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")

@@ -39,7 +39,6 @@ from ._fs import atomic_write, fsync_dir, writable_error
 from ._lock import FileLock
 from .errors import (
     CorruptStoreError,
-    EmptyStoreError,
     FormatVersionError,
     ReadOnlyStoreError,
     SchemaError,
@@ -447,10 +446,6 @@ class ReplayStore:
         if name == "is_last":
             return self.reader.is_last[self.reader.snapshot.windows[k], slot]
         return self.reader.gather(name, k, slot)
-
-    def require_rows(self) -> None:
-        if self.num_rows == 0:
-            raise EmptyStoreError(f"{self.path} has no committed rows")
 
     def verify(self, *, fast: bool = False) -> list[Any]:
         """Check every segment's header, stamps and checksums; returns the problems found
