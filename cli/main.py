@@ -104,5 +104,6 @@ def verify(path: str, fast: bool, repair: bool) -> None:
     click.echo(f"ok: {path}")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
+from .collect import collect_cmd  # noqa: E402
+
+main.add_command(collect_cmd, "collect")

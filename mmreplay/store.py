@@ -467,6 +467,37 @@ class ReplayStore:
         self.refresh()
         return actions, left
 
+    def record_provenance(self, record: dict[str, Any], name: str | None = None) -> str:
+        """Write (or rewrite) one JSON provenance record, e.g. a collect run's env id, seeds and policy.
+
+        Records live in ``provenance/<name>.json`` beside the manifest, each replaced atomically, so
+        concurrent runs never rewrite the manifest or each other's records. Returns the name.
+        """
+        self._check()
+        if self.mode != "a":
+            raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
+        if name is None:
+            ns = time.time_ns()
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 10**9))
+            name = f"{stamp}.{ns % 10**9:09d}Z-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"provenance record name {name!r} must be a plain file name")
+        d = self.path / "provenance"
+        d.mkdir(exist_ok=True)
+        atomic_write(d / f"{name}.json", json.dumps(record, indent=1, sort_keys=True, default=str).encode())
+        return name
+
+    def provenance(self) -> list[dict[str, Any]]:
+        """Every provenance record, oldest first (by name); unreadable records are skipped."""
+        out = []
+        d = self.path / "provenance"
+        for f in sorted(d.glob("*.json")) if d.is_dir() else ():
+            try:
+                out.append({"name": f.stem, **json.loads(f.read_text())})
+            except (OSError, ValueError):
+                continue
+        return out
+
     def info(self) -> dict[str, Any]:
         """Schema, rows, transitions, episodes, segments, bytes and writers, as plain data."""
         from .info import store_info

@@ -1,0 +1,158 @@
+"""`mmreplay.collect` / `mmreplay collect`: what the env emitted is what the store holds."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import _envs
+import mmreplay
+from mmreplay.cli.main import main
+from mmreplay.collect import PolicySpec, collect
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stored(store) -> collections.Counter:
+    ids = store.transition_ids()
+    b = store.transitions(ids)
+    obs_names = store.schema.obs_names
+
+    def key(batch_obs, i):
+        if obs_names == ("obs",):
+            return np.asarray(batch_obs[i]).tobytes()
+        return tuple((n.removeprefix("obs/"), np.asarray(batch_obs[n.removeprefix("obs/")][i]).tobytes())
+                     for n in sorted(obs_names))
+
+    return collections.Counter(
+        (key(b.obs, i), int(b.action[i]), float(b.reward[i]), key(b.next_obs, i), bool(b.terminated[i]),
+         bool(b.truncated[i]))
+        for i in range(len(ids)))
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+@pytest.mark.parametrize("env", ["cartpole", "dict"])
+def test_store_holds_exactly_what_the_env_emitted(tmp_path, mode, env):
+    _envs.EMITTED.clear()
+    fn = _envs.recorded_cartpole if env == "cartpole" else _envs.recorded_dict_env
+    res = collect(fn, tmp_path / "s", 600, workers=0, envs_per_worker=3, seed=4, autoreset_mode=mode, progress=False)
+    emitted = collections.Counter(_envs.EMITTED)
+    with mmreplay.open_store(tmp_path / "s") as store:
+        got = _stored(store)
+        if env == "dict":
+            assert set(store.schema.obs_names) == {"obs/pos", "obs/t"}
+    assert got == emitted
+    assert res.transitions == sum(emitted.values()) and res.steps == 600
+    assert any(k[4] for k in emitted) and any(k[5] for k in emitted)  # both episode ends happened
+    assert res.episodes == sum(1 for k in _envs.EMITTED if k[4] or k[5])
+
+
+def test_workers_share_one_store_and_each_run_is_recorded(tmp_path):
+    p = tmp_path / "s"
+    r1 = collect("CartPole-v1", p, 3000, workers=2, envs_per_worker=2, seed=10, progress=False)
+    r2 = collect("CartPole-v1", p, 1000, workers=2, envs_per_worker=2, seed=20, progress=False)
+    assert not r1.errors and not r2.errors and r1.steps == 3000 and r2.steps == 1000
+    with mmreplay.open_store(p) as store:
+        assert store.num_rows == 4000 + 8  # plus one final observation per lane per run
+        assert len(store.transition_ids()) == r1.transitions + r2.transitions
+        runs = store.provenance()
+        info = store.info()
+    assert [r["seed"] for r in runs] == [10, 20] and all(r["status"] == "done" for r in runs)
+    assert runs[0]["env_seeds"] == [[10, 11], [12, 13]] and runs[1]["env_seeds"] == [[20, 21], [22, 23]]
+    assert runs[0]["env_id"] == "CartPole-v1" and runs[0]["policy"] == "random" and runs[0]["mmreplay_version"]
+    assert "Box" in runs[0]["observation_space"] and runs[0]["steps_stored"] == 3000
+    assert info["metadata"]["env_id"] == "CartPole-v1" and len(info["writers"]) >= 2
+    with pytest.raises(mmreplay.SchemaError, match="obs"):
+        collect("Acrobot-v1", p, 10, workers=0, progress=False)
+
+
+def test_same_seed_gives_the_same_data(tmp_path):
+    a = collect("CartPole-v1", tmp_path / "a", 500, workers=1, envs_per_worker=2, seed=3, progress=False)
+    b = collect("CartPole-v1", tmp_path / "b", 500, workers=0, envs_per_worker=2, seed=3, progress=False)
+    assert a.episode_returns == b.episode_returns
+    with mmreplay.open_store(tmp_path / "a") as sa, mmreplay.open_store(tmp_path / "b") as sb:
+        assert _stored(sa) == _stored(sb)
+
+
+def test_a_crashed_worker_is_reported_and_the_others_finish(tmp_path):
+    res = collect(_envs.CrashingEnv, tmp_path / "s", 1000, workers=2, envs_per_worker=1, seed=0, progress=False)
+    assert set(res.errors) == {1} and "simulated env crash" in res.errors[1]
+    assert 500 + 300 <= res.steps <= 1000  # worker 0 stored its 500; worker 1 stored what it did before the crash
+    with mmreplay.open_store(tmp_path / "s") as store:
+        assert store.num_rows >= 800 and store.verify() == []
+        assert store.provenance()[-1]["status"] == "failed"
+
+
+def test_policy_spec_parsing():
+    assert PolicySpec.parse("random") == PolicySpec()
+    assert PolicySpec.parse("eps-greedy:/a/b.pt") == PolicySpec("eps-greedy", "/a/b.pt", None)
+    assert PolicySpec.parse("eps-greedy:/a/b.pt:0.3") == PolicySpec("eps-greedy", "/a/b.pt", 0.3)
+    assert PolicySpec.parse("eps-greedy:c:/x.pt") == PolicySpec("eps-greedy", "c:/x.pt", None)
+    assert PolicySpec.parse("greedy:/a.pt") == PolicySpec("eps-greedy", "/a.pt", 0.0)
+    for bad in ("eps-greedy", "softmax:x", "eps-greedy:/a.pt:1.5", ""):
+        with pytest.raises(ValueError):
+            PolicySpec.parse(bad)
+
+
+def test_cli_collect_and_bad_input(tmp_path):
+    r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(tmp_path / "s"), "--steps", "300",
+                                  "--workers", "0", "--envs-per-worker", "2", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert "stored 300 env steps" in r.output and "seed 1" in r.output
+    r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(tmp_path / "s"), "--steps", "10",
+                                  "--policy", "softmax"])
+    assert r.exit_code == 2 and "--policy" in r.output
+    r = CliRunner().invoke(main, ["collect", "NoSuchEnv-v0", "--store", str(tmp_path / "t"), "--steps", "10"])
+    assert r.exit_code != 0 and "NoSuchEnv" in str(r.exception or r.output)
+    r = CliRunner().invoke(main, ["collect", "MountainCar-v0", "--store", str(tmp_path / "s"), "--steps", "10",
+                                  "--workers", "0"])
+    assert r.exit_code == 1 and "SchemaError" in r.output
+
+
+def test_ctrl_c_stops_every_worker_and_keeps_the_data(tmp_path):
+    p = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "mmreplay", "collect", "CartPole-v1", "--store", str(p),
+                             "--steps", "100000000", "--workers", "2", "--envs-per-worker", "2", "--seed", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if (p / "segments").is_dir():
+                with mmreplay.open_store(p, mode="r") as s:
+                    if s.num_rows > 2000:
+                        break
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "interrupted: stored" in out
+    with mmreplay.open_store(p, mode="a") as store:
+        assert store.num_rows > 2000 and store.verify() == []
+        with store.writer(writer_id=0) as w, store.writer(writer_id=1) as w2:  # both workers let go of their ids
+            assert w.lanes == 1 and w2.lanes == 1
+        assert store.provenance()[-1]["status"] == "interrupted"
+
+
+def test_atari_frames_are_single_84x84_uint8(tmp_path):
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    res = collect("ALE/Pong-v5", tmp_path / "pong", 64, workers=0, envs_per_worker=2, seed=0, progress=False)
+    assert res.steps == 64
+    with mmreplay.open_store(tmp_path / "pong") as store:
+        f = store.schema["obs"]
+        assert f.shape == (84, 84) and f.dtype == np.uint8
+        b = mmreplay.UniformSampler(store, seed=0, frame_stack=4).sample(8)
+        assert b.obs.shape == (8, 4, 84, 84) and b.obs.max() > 0
+        assert store.provenance()[-1]["atari"] is None and "Pong" in store.metadata["env_id"]
