@@ -102,7 +102,7 @@ class _EpsGreedy:
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
         self.policy: Any = None
-        self._stack: np.ndarray | None = None
+        self._stack: Any = None
         self._load()
 
     def _load(self) -> None:
@@ -126,20 +126,18 @@ class _EpsGreedy:
         if time.monotonic() - self._checked > self.spec.reload_s:
             with contextlib.suppress(OSError):  # a file being replaced: keep the weights we have
                 self._load()
-        n = len(new_episode)
-        k = int(self.policy.meta.get("frame_stack", 1) or 1)
-        x = obs if isinstance(obs, dict) else np.asarray(obs)
-        if isinstance(x, dict):
-            x = flatten_obs(x)
-        elif k > 1:  # the network sees k stacked single frames, clamped at the episode start
-            if self._stack is None or self._stack.shape[0] != n:
-                self._stack = np.repeat(x[:, None], k, axis=1)
+        x = flatten_obs(obs) if isinstance(obs, dict) else np.asarray(obs)
+        k = self.policy.frame_stack
+        if k > 1:  # the network sees k stacked single frames, clamped at episode starts
+            from .agent import FrameStack
+
+            if self._stack is None or self._stack.k != k:
+                self._stack = FrameStack(k)
+                x = self._stack.reset(x)
             else:
-                self._stack[:, :-1] = self._stack[:, 1:]
-                self._stack[:, -1] = x
-                self._stack[new_episode] = x[new_episode][:, None]
-            x = self._stack
+                x = self._stack.push(x, new_episode)
         actions = np.asarray(self.policy.act(x))
+        n = len(new_episode)
         explore = self.rng.random(n) < self.epsilon
         if explore.any():
             actions = actions.copy()

@@ -156,3 +156,62 @@ def test_atari_frames_are_single_84x84_uint8(tmp_path):
         b = mmreplay.UniformSampler(store, seed=0, frame_stack=4).sample(8)
         assert b.obs.shape == (8, 4, 84, 84) and b.obs.max() > 0
         assert store.provenance()[-1]["atari"] is None and "Pong" in store.metadata["env_id"]
+
+
+def _policy_file(path, schema, epsilon, seed=0):
+    import torch
+
+    from mmreplay.agent import QNetwork, network_spec, save_policy
+
+    torch.manual_seed(seed)
+    net = QNetwork(network_spec(schema, 2, hidden=(16,)))
+    save_policy(path, net, epsilon=epsilon)
+    return path
+
+
+def test_eps_greedy_policy_from_a_policy_file(tmp_path):
+    from mmreplay.agent import load_policy
+
+    collect("CartPole-v1", tmp_path / "s", 100, workers=0, seed=0, progress=False)  # makes the store: its schema
+    with mmreplay.open_store(tmp_path / "s") as store:
+        pol = _policy_file(tmp_path / "p.pt", store.schema, epsilon=0.5)
+    res = collect("CartPole-v1", tmp_path / "g", 400, workers=1, envs_per_worker=2, seed=1, progress=False,
+                  policy=f"eps-greedy:{pol}:0")
+    assert not res.errors
+    with mmreplay.open_store(tmp_path / "g") as store:
+        b = store.transitions(store.transition_ids())
+        assert store.provenance()[-1]["policy"] == f"eps-greedy:{pol}:0"
+    np.testing.assert_array_equal(load_policy(pol).act(b.obs), b.action)  # greedy: every action is the net's
+
+
+def test_actor_pool_respects_the_limit_and_follows_new_weights(tmp_path):
+    from mmreplay.agent import load_policy
+    from mmreplay.collect import ActorPool
+
+    collect("CartPole-v1", tmp_path / "s", 2, workers=0, seed=0, progress=False)
+    with mmreplay.open_store(tmp_path / "s") as store:
+        base_rows = store.num_rows
+        pol = _policy_file(tmp_path / "p.pt", store.schema, epsilon=1.0)
+    pool = ActorPool("CartPole-v1", tmp_path / "s", actors=2, envs_per_actor=2, policy_path=pol, seed=5)
+    with pool:
+        pool.allow(400)
+        deadline = time.monotonic() + 60
+        while pool.env_steps < 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert pool.env_steps == 400  # the limit holds exactly
+        with mmreplay.open_store(tmp_path / "s") as store:
+            _policy_file(pol, store.schema, epsilon=0.0)  # the same net, now greedy
+        time.sleep(0.3)
+        pool.allow(800)
+        while pool.env_steps < 800 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pool.check()
+    with mmreplay.open_store(tmp_path / "s") as store:
+        assert store.num_rows - base_rows == 800 + 4  # + each lane's final observation
+        ids = store.transition_ids()
+        b = store.transitions(ids)
+    greedy = load_policy(pol).act(b.obs) == b.action
+    # ~half the random actions of the first 400 steps match the greedy one, all of the last 400
+    assert greedy.sum() > 0.65 * len(ids), (greedy.sum(), len(ids))
+    assert pool.episodes > 0 and all(r > 0 for r in pool.episode_returns())
