@@ -70,6 +70,12 @@ def make_env(
         )
     if env_id.startswith("ALE/"):
         _register_ale()
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        try:  # MinAtar registers its envs only when asked
+            from minatar.gym import register_envs
+        except ImportError as exc:  # pragma: no cover - depends on the extra
+            raise ImportError("MinAtar environments need the minatar package: pip install minatar") from exc
+        register_envs()
     return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
 
 

@@ -18,6 +18,7 @@ import _envs
 import mmreplay
 from mmreplay.cli.main import main
 from mmreplay.collect import PolicySpec, collect
+from mmreplay.envs import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,3 +216,14 @@ def test_actor_pool_respects_the_limit_and_follows_new_weights(tmp_path):
     # ~half the random actions of the first 400 steps match the greedy one, all of the last 400
     assert greedy.sum() > 0.65 * len(ids), (greedy.sum(), len(ids))
     assert pool.episodes > 0 and all(r > 0 for r in pool.episode_returns())
+
+
+@pytest.mark.parametrize("env_id,module", [("MinAtar/Breakout-v1", "minatar"), ("LunarLander-v3", "Box2D")])
+def test_other_registered_envs(tmp_path, env_id, module):
+    pytest.importorskip(module)
+    res = collect(env_id, tmp_path / "s", 200, workers=0, envs_per_worker=2, seed=0, progress=False)
+    with mmreplay.open_store(tmp_path / "s") as store:
+        b = store.transitions(store.transition_ids())
+        space = make_env(env_id).observation_space
+        assert store.schema["obs"].dtype == space.dtype and b.obs.shape[1:] == space.shape
+        assert len(b) == res.transitions and np.isfinite(b.reward).all()
