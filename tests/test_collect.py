@@ -227,3 +227,41 @@ def test_other_registered_envs(tmp_path, env_id, module):
         space = make_env(env_id).observation_space
         assert store.schema["obs"].dtype == space.dtype and b.obs.shape[1:] == space.shape
         assert len(b) == res.transitions and np.isfinite(b.reward).all()
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "mmreplay", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def test_cli_failure_paths_are_one_line(tmp_path):
+    """RELIABILITY #20 for collect: a corrupt, full or disk-full store exits 1 with one line, no traceback."""
+    import resource
+
+    # corrupt manifest
+    collect("CartPole-v1", tmp_path / "c", 10, workers=0, seed=0, progress=False)
+    m = tmp_path / "c" / "STORE.json"
+    m.write_bytes(m.read_bytes().replace(b"CartPole", b"CartPolf"))
+    r = _cli("collect", "CartPole-v1", "--store", tmp_path / "c", "--steps", 10)
+    assert r.returncode == 1 and "CorruptStoreError" in r.stderr and "Traceback" not in r.stderr
+    # full store that refuses to evict
+    store = mmreplay.create_store(tmp_path / "f", mmreplay.Schema.from_spaces(
+        make_env("CartPole-v1").observation_space, make_env("CartPole-v1").action_space),
+        capacity=64, segment_records=32, on_full="error")
+    store.close()
+    r = _cli("collect", "CartPole-v1", "--store", tmp_path / "f", "--steps", 500)
+    assert r.returncode == 1 and "StoreFullError" in r.stderr and "Traceback" not in r.stderr
+    with mmreplay.open_store(tmp_path / "f") as s:
+        assert 0 < s.num_rows <= 64 + 2 * 32 and s.verify() == []  # capacity + a segment + the open one
+    # disk full: files may not grow past 1 MiB (EFBIG; Python ignores SIGXFSZ)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    r = _cli("collect", "CartPole-v1", "--store", tmp_path / "d", "--steps", 100,
+             preexec_fn=limit)
+    assert r.returncode == 1 and "DiskFullError" in r.stderr and "Traceback" not in r.stderr
+    assert not list((tmp_path / "d").rglob("*.tmp"))
+    # bad flags
+    assert _cli("collect", "CartPole-v1", "--steps", 10).returncode == 2  # --store missing
+    assert _cli("collect", "CartPole-v1", "--store", tmp_path / "x", "--steps", 0).returncode == 2
