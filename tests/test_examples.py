@@ -48,3 +48,12 @@ def test_dyna_q_example_runs():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "planning speed-up" in out.stdout and "Dyna-Q, vectorized planning" in out.stdout
+
+
+def test_custom_agent_example_runs_and_resumes(tmp_path):
+    cmd = [sys.executable, str(ROOT / "examples" / "custom_agent.py"), "--steps", "2000", "--store", str(tmp_path / "s")]
+    for rows in (2004, 4008):  # the second run appends to the same store, with the saved priorities
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert f"{rows} rows" in out.stdout
+    assert (tmp_path / "s" / "priorities" / "default.npz").exists()
