@@ -107,3 +107,7 @@ def verify(path: str, fast: bool, repair: bool) -> None:
 from .collect import collect_cmd  # noqa: E402
 
 main.add_command(collect_cmd, "collect")
+from .archive import export_cmd, import_cmd  # noqa: E402
+
+main.add_command(export_cmd, "export")
+main.add_command(import_cmd, "import")

@@ -9,6 +9,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    ArchiveError,
+    CorruptArchiveError,
     CorruptSegmentError,
     CorruptStoreError,
     DiskFullError,
@@ -36,7 +38,10 @@ from .view import TransitionBatch  # noqa: E402
 from .writer import Writer  # noqa: E402
 
 __all__ = [
-    "BatchLoader",    "CorruptSegmentError",
+    "ArchiveError",
+    "BatchLoader",
+    "CorruptArchiveError",
+    "CorruptSegmentError",
     "CorruptStoreError",
     "DiskFullError",
     "EmptyStoreError",
@@ -67,3 +72,17 @@ __all__ = [
     "create_store",
     "open_store",
 ]
+
+# Archive and interop functions load on first use (they import zarr / minari lazily as well).
+_LAZY = {"export_archive": "archive", "import_archive": "archive", "open_archive": "archive",
+         "export_minari": "minari", "import_minari": "minari", "import_dopamine": "dopamine"}
+__all__ += sorted(_LAZY)
+
+
+def __getattr__(name: str) -> object:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'mmreplay' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{mod}", __name__), name)

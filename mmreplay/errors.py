@@ -137,3 +137,15 @@ class DiskFullError(MMReplayError, OSError):
         MMReplayError.__init__(self, message, hint=hint)
         self.errno = err
         self.strerror = message
+
+
+class ArchiveError(MMReplayError):
+    """An archive cannot be used for this: missing, of another store or format, or conflicting."""
+
+    hint = "check the archive URL; export a store into a new URL"
+
+
+class CorruptArchiveError(ArchiveError):
+    """An archive chunk or its metadata failed its check (crc32c mismatch, inconsistent table)."""
+
+    hint = "export the store again into a new archive, or restore the damaged chunk from a copy"

@@ -1,0 +1,140 @@
+"""``mmreplay export`` and ``mmreplay import``: a thin layer over mmreplay.archive, .minari and .dopamine."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ._errors import friendly
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+
+@contextmanager
+def _progress(enabled: bool | None, unit: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A ``progress(done, total)`` callback drawing a tqdm bar (when tqdm is installed and wanted)."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
+        yield None
+        return
+    bar: Any = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr)
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+_PROGRESS = click.option("--progress/--no-progress", default=None,
+                         help="Show a progress bar (default: when stderr is a terminal and tqdm is installed).")
+
+
+@click.command("export")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.argument("target")
+@click.option("--to", "fmt", type=click.Choice(["zarr", "minari"]), default="zarr", show_default=True,
+              help="zarr: TARGET is a path or fsspec URL; minari: TARGET is a dataset id.")
+@click.option("--include-open", is_flag=True, help="zarr: also export the rows of open segments.")
+@click.option("--clevel", type=click.IntRange(1, 9), default=3, show_default=True, help="zarr: zstd level.")
+@click.option("--no-verify", is_flag=True, help="zarr: do not check row checksums before archiving.")
+@_PROGRESS
+@friendly
+def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int, no_verify: bool,
+               progress: bool | None) -> None:
+    """Export the store at PATH to a zarr v3 archive or a Minari dataset.
+
+    A second zarr export into the same TARGET appends only new segments, and an interrupted
+    one resumes where it stopped.
+
+    \b
+    Examples:
+      mmreplay export /data/pong --to zarr /archive/pong.zarr
+      mmreplay export /data/pong --to zarr s3://bucket/pong.zarr --include-open
+      mmreplay export /data/cartpole --to minari mmreplay/cartpole/random-v0
+    """
+    if fmt == "zarr":
+        from mmreplay.archive import export_archive
+
+        with _progress(progress, "row") as cb:
+            r = export_archive(path, target, include_open=include_open, clevel=clevel, verify=not no_verify,
+                               progress=cb)
+        click.echo(f"exported {r.segments_written} segments ({r.rows_written:,} rows) to {r.url}; "
+                   f"archive holds {r.segments} segments, {r.rows:,} rows")
+    else:
+        from mmreplay.minari import export_minari
+
+        with _progress(progress, "episode") as cb:
+            try:
+                m = export_minari(path, target, progress=cb)
+            except ImportError as exc:
+                raise click.ClickException(str(exc)) from None
+        click.echo(f"exported {m.episodes:,} episodes ({m.steps:,} steps) to Minari dataset {m.dataset_id}"
+                   + (f"; left out {m.skipped} incomplete episodes" if m.skipped else ""))
+
+
+@click.command("import")
+@click.argument("source")
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="Store to create (zarr: or an earlier import of the same archive, to resume or update it).")
+@click.option("--from", "fmt", type=click.Choice(["zarr", "minari", "dopamine"]), default="zarr", show_default=True,
+              help="zarr: SOURCE is an archive path or URL; minari: a dataset id; dopamine: a checkpoint directory.")
+@click.option("--max-rows", type=click.IntRange(1), default=None, help="zarr: import only the newest segments.")
+@click.option("--checkpoints", default=None, help="dopamine: checkpoint numbers, e.g. 0,1,2 (default: all).")
+@click.option("--stack-size", type=click.IntRange(1), default=4, show_default=True,
+              help="dopamine: frame-stack size the buffer was written with.")
+@_PROGRESS
+@friendly
+def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, checkpoints: str | None,
+               stack_size: int, progress: bool | None) -> None:
+    """Create a store at --store from a zarr archive, a Minari dataset or Dopamine checkpoints.
+
+    \b
+    Examples:
+      mmreplay import /archive/pong.zarr --store /data/pong
+      mmreplay import D4RL/door/human-v2 --from minari --store /data/door
+      mmreplay import ./dqn-replay/Pong/1/replay_logs --from dopamine --store /data/pong-dqn
+    """
+    if fmt == "zarr":
+        from mmreplay.archive import import_archive
+
+        with _progress(progress, "row") as cb:
+            r = import_archive(source, store_path, max_rows=max_rows, progress=cb)
+        click.echo(f"imported {r.segments_written} segments ({r.rows_written:,} rows) into {r.path}; "
+                   f"it holds {r.segments} archived segments, {r.rows:,} rows")
+    elif fmt == "minari":
+        from mmreplay.minari import import_minari
+
+        with _progress(progress, "episode") as cb:
+            try:
+                m = import_minari(source, store_path, progress=cb)
+            except ImportError as exc:
+                raise click.ClickException(str(exc)) from None
+        click.echo(f"imported {m.episodes:,} episodes ({m.steps:,} steps) from {m.dataset_id} into {store_path}")
+    else:
+        from mmreplay.dopamine import import_dopamine
+
+        try:
+            ns = [int(x) for x in checkpoints.split(",")] if checkpoints else None
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated numbers, got {checkpoints!r}",
+                                     param_hint="--checkpoints") from None
+        with _progress(progress, "transition") as cb:
+            d = import_dopamine(source, store_path, checkpoints=ns, stack_size=stack_size, progress=cb)
+        click.echo(f"imported {d.transitions:,} transitions of checkpoints {list(d.checkpoints)} into {d.path}: "
+                   f"{d.rows:,} rows, {d.episodes:,} episode ends, {d.padding:,} padding transitions dropped")

@@ -1,0 +1,69 @@
+"""Episode structure of a segment's rows, derived from ``is_last`` and the writer session's chain.
+
+Used by the archive (its ``episode`` / ``is_first`` arrays) and by the Minari exporter. Rows of a
+segment are laid out ``(time, lane)`` with ``lanes`` lanes; the next row of a lane is ``lanes``
+rows on, possibly in the session's next segment (the chain). An episode of a lane starts at the
+lane's first row in its writer session, or at the row after an ``is_last`` row, and ends at its
+``is_last`` row (its final observation).
+
+Invariants kept here:
+
+* an episode's id is the global row id (``segment_id * segment_records + slot``) of its first
+  row, so ids are unique, stable, and never need renumbering when more rows are exported later;
+  an episode whose first rows were evicted before the export gets the id of its first row still
+  present, and its rows are not ``is_first``;
+* the computation is vectorized per segment (no Python loop per row or lane) and needs only the
+  state of the chain predecessor's last row per lane (``LaneCarry``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class LaneCarry:
+    """The last row of each lane of a segment: what the chain successor continues from."""
+
+    episode: np.ndarray
+    """Episode id of each lane's last row (int64, ``(lanes,)``)."""
+    is_last: np.ndarray
+    """Whether each lane's last row ended its episode (bool, ``(lanes,)``)."""
+
+
+def segment_episodes(
+    is_last: np.ndarray, *, segment_id: int, segment_records: int, lanes: int, chain_index: int,
+    carry: LaneCarry | None,
+) -> tuple[np.ndarray, np.ndarray, LaneCarry]:
+    """Episode id and ``is_first`` of each of a segment's ``n = len(is_last)`` rows.
+
+    ``carry`` is the chain predecessor's :class:`LaneCarry` (``None`` when the segment starts its
+    writer session, ``chain_index == 0``, or when the predecessor is gone). Returns
+    ``(episode int64 (n,), is_first bool (n,), carry for the successor)``; the carry is only
+    meaningful when the segment is full (every lane has the same number of rows).
+    """
+    n = len(is_last)
+    L = int(lanes)
+    T = -(-n // L) if n else 0
+    last = np.zeros(T * L, np.bool_)
+    last[:n] = is_last
+    last = last.reshape(T, L)
+    start = np.empty((T, L), np.bool_)
+    if T:
+        start[1:] = last[:-1]
+        start[0] = True if carry is None else carry.is_last
+    first = start.copy()
+    if T and carry is None and chain_index > 0:
+        first[0] = False  # the predecessor was evicted: these rows continue an episode we cannot see
+    gid = np.int64(segment_id) * segment_records + np.arange(T * L, dtype=np.int64).reshape(T, L)
+    ep = np.where(start, gid, np.int64(-1))
+    if T and carry is not None:
+        ep[0] = np.where(start[0], gid[0], carry.episode)
+    # ids only grow along a lane (a start's gid exceeds every earlier id), so a running maximum
+    # forward-fills each lane's current episode id
+    np.maximum.accumulate(ep, axis=0, out=ep)
+    out_carry = LaneCarry(ep[-1].copy() if T else np.full(L, -1, np.int64),
+                          last[-1].copy() if T else np.zeros(L, np.bool_))
+    return ep.reshape(-1)[:n], first.reshape(-1)[:n], out_carry
