@@ -32,10 +32,17 @@ from ._errors import friendly
 @click.option("--autoreset", "autoreset_mode", type=click.Choice(["next-step", "same-step", "disabled"]),
               default="next-step", show_default=True, help="The vector env's autoreset mode (all store the same data).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run the workers as Ray actors (pip install 'mmreplay[ray]'): on the cluster at ADDRESS "
+                   "('auto', 'ray://head:10001'), or on a local Ray instance without one. Put it after ENV_ID.")
+@click.option("--ray-archive", default=None, metavar="URL",
+              help="With --ray: where actors export sealed segments for the store to ingest; a path or fsspec URL "
+                   "every node reaches. [STORE.archive; required with an ADDRESS]")
 @friendly
 def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_worker: int, policy: str, seed: int | None,
                 atari: bool | None, terminal_on_life_loss: bool, capacity: int, durability: str,
-                max_episode_steps: int | None, autoreset_mode: str, progress: bool | None) -> None:
+                max_episode_steps: int | None, autoreset_mode: str, progress: bool | None, ray_address: str | None,
+                ray_archive: str | None) -> None:
     """Run ENV_ID with worker processes and store every step in a replay store.
 
     Collecting twice into one store, or from two terminals at once, adds data. Ctrl-C stops every
@@ -46,6 +53,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
       mmreplay collect CartPole-v1 --store /data/cartpole --steps 50000 --workers 2 --envs-per-worker 8
       mmreplay collect ALE/Pong-v5 --store /data/pong --steps 200000 --workers 2 --envs-per-worker 4
       mmreplay collect CartPole-v1 --store /data/mediocre --steps 50000 --policy eps-greedy:run/policy.pt:0.6
+      mmreplay collect CartPole-v1 --store /data/cp --steps 200000 --workers 4 --ray
     """
     from mmreplay.collect import PolicySpec, collect
 
@@ -53,10 +61,20 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
         spec = PolicySpec.parse(policy)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--policy") from None
-    result = collect(env_id, store, steps, workers=workers, envs_per_worker=envs_per_worker, policy=spec, seed=seed,
-                     atari=atari, capacity=capacity, durability=durability,  # type: ignore[arg-type]
-                     max_episode_steps=max_episode_steps, autoreset_mode=autoreset_mode.replace("-", "_"),  # type: ignore[arg-type]
-                     terminal_on_life_loss=terminal_on_life_loss, progress=progress)
+    common = dict(policy=spec, seed=seed, atari=atari, capacity=capacity, durability=durability,
+                  max_episode_steps=max_episode_steps, autoreset_mode=autoreset_mode.replace("-", "_"),
+                  terminal_on_life_loss=terminal_on_life_loss, progress=progress)
+    if ray_address is not None:
+        from mmreplay.cluster import ray_collect
+
+        address = None if ray_address == "local" else ray_address
+        if address is not None and ray_archive is None:
+            raise click.UsageError("--ray ADDRESS needs --ray-archive: a shared path or URL every node reaches")
+        result = ray_collect(env_id, ray_archive or f"{store.rstrip('/')}.archive", steps, actors=max(workers, 1),
+                             envs_per_actor=envs_per_worker, address=address, store=store, **common)  # type: ignore[arg-type]
+    else:
+        result = collect(env_id, store, steps, workers=workers, envs_per_worker=envs_per_worker,
+                         **common)  # type: ignore[arg-type]
     rets = result.episode_returns
     mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
@@ -64,6 +82,10 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
                f"{result.episodes:,} episodes, mean return of last {min(len(rets), 100)}: {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
                f"{result.bytes_written / 2**20:,.1f} MiB; seed {result.seed}; store {store}")
+    if ray_address is not None:
+        restarts = sum(result.restarts.values())
+        click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"
+                   + (f"; {restarts} actor restart(s)" if restarts else ""))
     for w, err in sorted(result.errors.items()):
         last = err.strip().splitlines()[-1] if err.strip() else "unknown error"
         click.echo(f"worker {w} failed: {last}", err=True)

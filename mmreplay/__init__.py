@@ -75,7 +75,8 @@ __all__ = [
 
 # Archive and interop functions load on first use (they import zarr / minari lazily as well).
 _LAZY = {"export_archive": "archive", "import_archive": "archive", "open_archive": "archive",
-         "export_minari": "minari", "import_minari": "minari", "import_dopamine": "dopamine"}
+         "export_minari": "minari", "import_minari": "minari", "import_dopamine": "dopamine",
+         "ray_collect": "cluster", "RayActorPool": "cluster", "ingest_archives": "cluster"}
 __all__ += sorted(_LAZY)
 
 

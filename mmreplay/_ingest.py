@@ -118,6 +118,19 @@ def admin_lock(store: ReplayStore, *, exclusive: bool) -> FileLock:
     return lock
 
 
+def claim_writer_id(store: ReplayStore, role: str = "ingest") -> tuple[int, FileLock]:
+    """Take the lowest free writer id of ``store`` (its lock, held until released) or raise
+    ``WriterBusyError``; ``role`` goes into the lock file's owner line."""
+    from .writer import MAX_WRITERS
+
+    for wid in range(MAX_WRITERS):
+        lock = store._lock(f"writer-{wid:03d}.lock")
+        if lock.acquire(exclusive=True):
+            lock.write_owner(f"pid={os.getpid()} host={socket.gethostname()} start_ns={now_ns()} {role}\n")
+            return wid, lock
+    raise WriterBusyError(f"all {MAX_WRITERS} writer ids of {store.path} are busy")
+
+
 class SessionIngest:
     """A writer session that takes rows with their ``is_last`` flags as given.
 
@@ -149,15 +162,8 @@ class SessionIngest:
         self._closed = False
 
     def _claim(self) -> int:
-        from .writer import MAX_WRITERS
-
-        for wid in range(MAX_WRITERS):
-            lock = self.store._lock(f"writer-{wid:03d}.lock")
-            if lock.acquire(exclusive=True):
-                lock.write_owner(f"pid={os.getpid()} host={socket.gethostname()} start_ns={now_ns()} ingest\n")
-                self._lock = lock
-                return wid
-        raise WriterBusyError(f"all {MAX_WRITERS} writer ids of {self.store.path} are busy")
+        wid, self._lock = claim_writer_id(self.store, "ingest")
+        return wid
 
     def append(self, fields: Mapping[str, Any], is_last: np.ndarray) -> None:
         """Queue rows (every field with leading dimension ``n``, ``n`` a multiple of ``lanes``)."""

@@ -265,3 +265,9 @@ def test_cli_failure_paths_are_one_line(tmp_path):
     # bad flags
     assert _cli("collect", "CartPole-v1", "--steps", 10).returncode == 2  # --store missing
     assert _cli("collect", "CartPole-v1", "--store", tmp_path / "x", "--steps", 0).returncode == 2
+
+
+def test_cli_ray_address_needs_a_shared_archive(tmp_path):
+    r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(tmp_path / "s"), "--steps", "10",
+                                  "--ray", "ray://head:10001"])
+    assert r.exit_code == 2 and "--ray-archive" in r.output
