@@ -41,7 +41,7 @@ def _human_bytes(n: float) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @friendly
 def info(path: str, as_json: bool) -> None:
-    """Show a store's schema, rows, transitions, episodes, segments, size and writers.
+    """Show a store's schema, rows, transitions, episodes, segments, size, tiers and writers.
 
     \b
     Examples:
@@ -62,6 +62,15 @@ def info(path: str, as_json: bool) -> None:
         f"{data['segment_records']:,} rows / {_human_bytes(data['segment_bytes'])} each"
     )
     click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])}")
+    t = data["tiers"]
+    hot, warm, ram = t["hot"], t["warm"], t["ram"]
+    click.echo(f"tiers        hot:  {hot['open_segments']} open segment(s), {_human_bytes(hot['bytes'])} "
+               f"({_human_bytes(hot['in_ram_bytes'])} in RAM)")
+    click.echo(f"             warm: {warm['sealed_segments']} sealed segment(s), {_human_bytes(warm['bytes'])} "
+               f"({_human_bytes(warm['page_cache_bytes'])} in the page cache)")
+    ratio = f"{t['store_to_ram']:.2f}x RAM" if t["store_to_ram"] is not None else "RAM unknown"
+    click.echo(f"             RAM {_human_bytes(ram['total_bytes'])} ({_human_bytes(ram['available_bytes'])} available); "
+               f"store is {ratio}: sample with mode={t['suggested_mode']!r}")
     click.echo(f"writers      {', '.join(map(str, data['writers'])) or '-'}")
     click.echo("schema")
     width = max(len(f["name"]) for f in data["schema"])
@@ -104,10 +113,9 @@ def verify(path: str, fast: bool, repair: bool) -> None:
     click.echo(f"ok: {path}")
 
 
+from .archive import export_cmd, import_cmd  # noqa: E402
 from .collect import collect_cmd  # noqa: E402
 
-main.add_command(collect_cmd, "collect")
-from .archive import export_cmd, import_cmd  # noqa: E402
-
-main.add_command(export_cmd, "export")
-main.add_command(import_cmd, "import")
+for _cmd, _name in ((collect_cmd, "collect"), (export_cmd, "export"),
+                    (import_cmd, "import")):
+    main.add_command(_cmd, _name)

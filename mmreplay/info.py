@@ -1,4 +1,5 @@
-"""Store statistics for ``ReplayStore.info()`` and ``mmreplay info`` (plain data, no printing)."""
+"""Store statistics for ``ReplayStore.info()`` and ``mmreplay info`` (plain data, no printing),
+including the storage tiers as this process sees them (``tiers.tier_summary``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._format import STATE_NAMES
+from ._fs import MADV_DONTNEED, MADV_SEQUENTIAL
+from .tiers import tier_summary
 
 if TYPE_CHECKING:
     from .store import ReplayStore
@@ -21,9 +24,19 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
     segs = sorted(r.segments.values(), key=lambda m: m.header.segment_id)
     transitions = 0
     episodes = 0
+    size = store.layout.file_size
     for k, m in enumerate(segs):
+        # counting reads every record's flags: the whole segment, in order. Read-ahead for the
+        # scan (the window is MADV_RANDOM for sampling), then back to the sampling hint and no
+        # page left mapped (a store larger than RAM must not end up in this process's RSS).
+        mapped = m.header.segment_id not in r.pinned  # a RAM copy (tiers.py) is left alone
+        if mapped:
+            r.region.advise(m.window, size, MADV_SEQUENTIAL)
         transitions += int(store.valid_transition_mask(k).sum())
         episodes += int(r.is_last[m.window, : m.committed].sum())
+        if mapped:
+            r.region.advise(m.window, size, MADV_DONTNEED)
+            r._advise(m)
     disk = 0
     with os.scandir(store.segments_dir) as it:
         for e in it:
@@ -52,4 +65,5 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "metadata": store.metadata,
         "created_at": store.manifest.get("created_at"),
         "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
+        "tiers": tier_summary(store),
     }

@@ -13,7 +13,16 @@ Invariants kept here:
   (SQLite's ``mxFrame`` snapshot); ``refresh()`` also checks the stamp of the last committed row
   and keeps the older count if it is not there yet;
 * a segment deleted by eviction stays mapped, and readable, until the next ``refresh()``;
-* a file is checked (header, store uuid, schema, size) before it is mapped: never a SIGBUS.
+* a file is checked (header, store uuid, schema, size) before it is mapped: never a SIGBUS;
+* access hints: a sealed segment's window is ``MADV_RANDOM`` (random sampling: a fault reads
+  the page it needs, not a read-ahead window of pages nobody asked for); an open segment's is
+  ``MADV_NORMAL`` with ``MADV_WILLNEED`` over its committed rows when first mapped (its newest
+  rows are read soon after they are written), and turns ``MADV_RANDOM`` when it is sealed;
+* a window may hold a **RAM copy** of a sealed segment instead of the file mapping (``pin``:
+  the learner's resident set, ``tiers.py``). The copy is moved in with one atomic ``mremap``
+  and the file is mapped back the same way (``unpin``), so a thread reading the window sees
+  identical bytes throughout (sealed segments never change). Copies survive ``refresh()`` and
+  region growth, go when their segment is evicted, and are never touched by ``unmap_pages()``.
 
 Global row ids are ``segment_id * segment_records + slot``: stable for the life of a row.
 """
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,15 +39,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, read_control
-from ._fs import AddressRegion
+from ._fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from .errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-_MADV_RANDOM = 1
 log = logging.getLogger(__name__)
+_HUGE_SLOTS = 8 * HUGE_PAGE  # segments at least this large get HUGE_PAGE-multiple windows (<= 25% more)
 
 
 @dataclass(slots=True)
@@ -68,6 +78,8 @@ class Snapshot:
     """Index of the previous segment of the same writer session (-1 if none or evicted)."""
     """Index of the next segment of the same writer session, or -1."""
     cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sealed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    """Whether each segment is sealed (immutable); the others are open (being written)."""
 
     @property
     def total_rows(self) -> int:
@@ -87,7 +99,13 @@ class StoreReader:
         self.schema_hash = schema_hash
         self.R = layout.segment_records
         self.segments: dict[int, _Mapped] = {}
-        self.region = AddressRegion(max(initial_windows, 4), layout.file_size)
+        slot = layout.file_size
+        if slot >= _HUGE_SLOTS:
+            slot = -(-slot // HUGE_PAGE) * HUGE_PAGE
+        self.copy_bytes = slot
+        """Bytes of a RAM copy (``pin``): the file, rounded up to whole huge pages when the
+        windows allow it."""
+        self.region = AddressRegion(max(initial_windows, 4), slot)
         self._free = list(range(self.region.slots - 1, -1, -1))
         self.columns: dict[str, np.ndarray] = {}
         self.is_last: np.ndarray
@@ -97,6 +115,10 @@ class StoreReader:
         self._table: np.ndarray | None = None
         self.skipped: dict[str, str] = {}
         self.last_scan = 0.0
+        self.pinned: dict[int, int] = {}
+        """Segment id -> open fd of each segment whose window holds a RAM copy (``pin``)."""
+        self.pin_owner: object | None = None  # the one resident set allowed to pin (tiers.py)
+        self._lock = threading.RLock()  # window changes: map, release, pin, unpin, unmap_pages
 
     # -- mapping --------------------------------------------------------------------------
     def _build_views(self) -> None:
@@ -118,11 +140,16 @@ class StoreReader:
         self.region = AddressRegion(old.slots * 2, old.slot_bytes)
         remap = {}
         for sid, m in self.segments.items():
+            if sid in self.pinned:  # a RAM copy moves with its window
+                self.region.move_into(m.window, old.address(m.window), self.copy_bytes)
+                remap[sid] = m.window
+                continue
             fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 self.region.map_file(m.window, fd, self.layout.file_size)
             finally:
                 os.close(fd)
+            self._advise(m)
             remap[sid] = m.window
         self._free = sorted(set(range(self.region.slots)) - set(remap.values()), reverse=True)
         self._build_views()
@@ -142,20 +169,33 @@ class StoreReader:
                 raise
         finally:
             os.close(fd)
-        self.region.advise(window, self.layout.file_size, _MADV_RANDOM)
         m = _Mapped(name, header, window, 0, 0)
         self._read_control(m)
+        self._advise(m, first=True)
         return m
+
+    def _advise(self, m: _Mapped, *, first: bool = False) -> None:
+        """Access hints by state (see the module docstring)."""
+        if m.state == STATE_SEALED:
+            self.region.advise(m.window, self.layout.file_size, MADV_RANDOM)
+            return
+        self.region.advise(m.window, self.layout.file_size, MADV_NORMAL)
+        if first and m.committed:
+            lo, hi = self.layout.records_span(0, m.committed)
+            self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
 
     # -- refresh --------------------------------------------------------------------------
     def refresh(self, *, scan: bool = True) -> None:
         """Pick up new segments (``scan``), new rows and evicted segments."""
-        if scan:
-            self._scan()
-        for m in self.segments.values():
-            if m.state != STATE_SEALED:
-                self._read_control(m)  # sealed segments are immutable
-        self._rebuild()
+        with self._lock:
+            if scan:
+                self._scan()
+            for m in self.segments.values():
+                if m.state != STATE_SEALED:
+                    self._read_control(m)  # sealed segments are immutable
+                    if m.state == STATE_SEALED:
+                        self._advise(m)
+            self._rebuild()
 
     def _scan(self) -> None:
         seen: dict[int, str] = {}
@@ -166,7 +206,10 @@ class StoreReader:
                     seen[parsed[0]] = e.name
         for sid in [s for s in self.segments if s not in seen]:
             self._free.append(self.segments.pop(sid).window)
-            self.region.release(self._free[-1])
+            self.region.release(self._free[-1])  # frees a RAM copy too
+            fd = self.pinned.pop(sid, None)
+            if fd is not None:
+                os.close(fd)
         for sid, name in seen.items():
             if sid in self.segments or name in self.skipped:
                 continue
@@ -220,6 +263,7 @@ class StoreReader:
         s.usable = np.array([m.header.usable_records for m in ms], np.int64)
         s.lanes = np.array([m.header.lanes for m in ms], np.int64)
         s.cum_end = np.cumsum(s.committed)
+        s.sealed = np.array([m.state == STATE_SEALED for m in ms], np.bool_)
         chain = {(m.header.writer_id, m.header.session_epoch, m.header.chain_index): k for k, m in enumerate(ms)}
         s.succ = np.array(
             [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index + 1), -1) for m in ms],
@@ -245,9 +289,59 @@ class StoreReader:
         return self._table
 
     def close(self) -> None:
-        self.columns = {}
-        self.segments.clear()
-        self.region.close()
+        with self._lock:
+            self.columns = {}
+            self.segments.clear()
+            for fd in self.pinned.values():
+                os.close(fd)
+            self.pinned.clear()
+            self.region.close()
+
+    # -- RAM copies and mapped pages (the tiers, ``tiers.py``) ------------------------------
+    def pin(self, segment_id: int, addr: int, fd: int) -> bool:
+        """Move a RAM copy of sealed segment ``segment_id`` (``copy_bytes`` at ``addr``, an
+        anonymous mapping holding the file from its start) into its window; ``fd`` (the segment
+        file, kept open to map it back) is owned by the reader from then on. Returns False, and
+        frees the copy and ``fd``, if the segment is no longer live or not sealed."""
+        with self._lock:
+            m = self.segments.get(segment_id)
+            if m is None or m.state != STATE_SEALED or segment_id in self.pinned or self.region._closed:
+                from ._fs import unmap
+
+                unmap(addr, self.copy_bytes)
+                os.close(fd)
+                return False
+            self.region.move_into(m.window, addr, self.copy_bytes)
+            self.pinned[segment_id] = fd
+            return True
+
+    def unpin(self, segment_id: int) -> None:
+        """Map segment ``segment_id``'s file back over its RAM copy (which is freed)."""
+        with self._lock:
+            fd = self.pinned.pop(segment_id, None)
+            if fd is None:
+                return
+            try:
+                m = self.segments.get(segment_id)
+                if m is not None:
+                    self.region.map_file(m.window, fd, self.layout.file_size)  # atomic over the copy
+                    if self.copy_bytes > self.layout.file_size:  # the copy's tail past the file
+                        self.region.release(m.window, self.layout.file_size)
+                    self._advise(m)
+            finally:
+                os.close(fd)
+
+    def unmap_pages(self) -> None:
+        """Drop this process's page-table entries for every file-mapped window
+        (``MADV_DONTNEED``): the pages stay in the page cache (a later read maps them again,
+        or reads them from disk if the kernel reclaimed them) but no longer count in this
+        process's resident memory. RAM copies are left alone."""
+        with self._lock:
+            size = self.layout.file_size
+            pinned = {self.segments[s].window for s in self.pinned if s in self.segments}
+            for m in self.segments.values():
+                if m.window not in pinned:
+                    self.region.advise(m.window, size, MADV_DONTNEED)
 
     # -- row addressing -------------------------------------------------------------------
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

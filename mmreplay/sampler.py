@@ -10,12 +10,22 @@ generator; locating, validating and gathering run in one compiled pass (``_kerne
 Refresh policy: before each draw the sampler refreshes the snapshot if a writer of the same
 store handle published since (cheap: reread open segments' counts), and rescans the directory
 for other processes' new segments every ``refresh_interval_s`` seconds.
+
+Beyond RAM (``tiers.py``): ``mode="exact"`` (the default) draws over every committed row and
+reads through the page cache; with ``prefetch_batches=P`` it draws the next ``P`` batches'
+rows ahead (the same uniform stream, consumed in order) and a background thread issues
+``MADV_WILLNEED`` for the records their views read, so the disk fetches them while the learner
+computes. ``mode="windowed"`` draws only from the open segments and a resident set of whole
+sealed segments copied into RAM (``cache_bytes``), which a background thread rotates
+(``swap_segments_per_s``): near RAM speed whatever the store's size, at the cost of a bias
+(README "Beyond RAM"). ``cache_bytes`` in exact mode bounds the store pages kept mapped.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -27,6 +37,8 @@ if TYPE_CHECKING:
 
 _MAX_ROUNDS = 64
 _KERNELS: Any = None
+_WINDOWED_MAPPED_BYTES = 64 << 20  # file pages a windowed sampler may keep mapped beyond its budget
+Mode = Literal["exact", "windowed"]
 
 
 def _kernels() -> Any:
@@ -36,6 +48,7 @@ def _kernels() -> Any:
     if _KERNELS is None:
         from types import SimpleNamespace
 
+        from . import _iokernels as io
         from . import _kernels as k
         from . import _sumtree as t
         from . import _windows as w
@@ -44,18 +57,29 @@ def _kernels() -> Any:
             sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
             draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
             gather_sequences=w.gather_sequences, sample_rows=t.sample_rows, update_rows=t.update_rows,
-            SumTree=t.SumTree,
+            SumTree=t.SumTree, advise_windows=io.advise_windows, pread_at=io.pread_at,
         )
     return _KERNELS
 
 
 class TransitionSampler:
-    """What every transition sampler shares: the refresh policy, the gather plan, and turning
-    the gathered bytes into a ``TransitionBatch``. Subclasses choose the rows."""
+    """What every transition sampler shares: the refresh policy, the gather plan, the storage
+    tier options (``mode``, see the module docstring), and turning the gathered bytes into a
+    ``TransitionBatch``. Subclasses choose the rows."""
 
     def __init__(self, store: ReplayStore, *, seed: int | None = None, refresh_interval_s: float | None = 1.0,
-                 n_step: int = 1, gamma: float = 0.99, frame_stack: int = 1) -> None:
+                 n_step: int = 1, gamma: float = 0.99, frame_stack: int = 1, mode: Mode = "exact",
+                 cache_bytes: int | None = None, prefetch_batches: int = 0,
+                 swap_segments_per_s: float = 1.0) -> None:
         store.schema.require_transition_fields()
+        if mode not in ("exact", "windowed"):
+            raise ValueError(f"`mode` must be 'exact' or 'windowed', got {mode!r}")
+        if not isinstance(prefetch_batches, (int, np.integer)) or prefetch_batches < 0:
+            raise ValueError(f"`prefetch_batches` must be an int >= 0, got {prefetch_batches!r}")
+        if mode == "windowed" and prefetch_batches:
+            raise ValueError("`prefetch_batches` applies to mode='exact' (windowed mode samples from RAM)")
+        if cache_bytes is not None and cache_bytes < 1:
+            raise ValueError(f"`cache_bytes` must be a positive number of bytes, got {cache_bytes!r}")
         if not isinstance(n_step, (int, np.integer)) or n_step < 1:
             raise ValueError(f"`n_step` must be an int >= 1, got {n_step!r}")
         if not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
@@ -74,6 +98,95 @@ class TransitionSampler:
         self._out: np.ndarray | None = None  # set by fill(): gather into the caller's buffer
         # the compiled kernel's own generator state, seeded from ``rng`` (xoshiro256**)
         self._state = self.rng.integers(1, 2**63, size=4, dtype=np.int64).view(np.uint64)
+        self._setup_tiers(mode, cache_bytes, int(prefetch_batches), swap_segments_per_s)
+
+    # -- storage tiers (tiers.py) ---------------------------------------------------------------
+    def _setup_tiers(self, mode: Mode, cache_bytes: int | None, prefetch_batches: int,
+                     swap_segments_per_s: float) -> None:
+        from ._prefetch import DrawAhead, PageFetcher, RssGuard
+        from .tiers import ResidentSet
+
+        self.mode: Mode = mode
+        self.cache_bytes = cache_bytes
+        self.prefetch_batches = prefetch_batches
+        self._resident: ResidentSet | None = None
+        self._fetcher: PageFetcher | None = None
+        self._ahead: DrawAhead | None = None  # uniform sampling, exact mode with prefetch
+        self._guard: RssGuard | None = None
+        self._filled = False  # windowed: the resident set was filled once
+        if mode == "windowed":
+            self._resident = ResidentSet(self.store, cache_bytes, swap_segments_per_s,
+                                         np.random.default_rng(self.rng.integers(2**63)))
+            self._resident.edge_rows = (self.frame_stack - 1, self.n_step)
+            self._guard = RssGuard(self.store, _WINDOWED_MAPPED_BYTES, every=16)  # few pages a batch
+        else:
+            if prefetch_batches:
+                self._fetcher = PageFetcher(self.store, self.frame_stack - 1, self.n_step)
+                self._ahead = DrawAhead(self, prefetch_batches, self._fetcher)
+            if cache_bytes is not None:
+                self._guard = RssGuard(self.store, cache_bytes)
+        parts = [p for p in (self._resident, self._fetcher, self._guard) if p is not None]
+        self._finalizer = weakref.finalize(self, _close_parts, parts) if parts else None
+
+    def _prepare(self) -> None:
+        """Before a draw: refresh, and in windowed mode bring the resident set up to date."""
+        self._maybe_refresh()
+        if self._resident is not None:
+            if not self._filled:  # the first draw waits for a full set: no start-up bias
+                self._resident.fill()
+                self._filled = True
+            self._resident.update()
+            self._resident.ensure_rows()
+            if self._resident.rows() == 0:
+                raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
+
+    def _draw_table(self) -> np.ndarray:
+        """The segment table draws use: every segment, or the resident ones (windowed)."""
+        if self._resident is not None:
+            return self._resident.table()
+        return self.store.reader.segment_table()
+
+    def _after_batch(self) -> None:
+        guard = self._guard
+        if guard is not None:
+            if self._resident is not None:  # file pages beside the copies: up to the rest of the budget
+                guard.limit = max(_WINDOWED_MAPPED_BYTES, self._resident.cache_bytes
+                                  - len(self.store.reader.pinned) * self._resident.segment_bytes)
+            guard.check()
+
+    def load_resident(self, timeout_s: float | None = None) -> None:
+        """``mode="windowed"``: fill the resident set now (blocking; the first draw does it
+        otherwise), e.g. before timing or before starting a ``BatchLoader``."""
+        if self._resident is None:
+            raise ValueError("load_resident() needs mode='windowed'")
+        self._maybe_refresh()
+        self._resident.fill(timeout_s)
+        self._filled = True
+
+    def tier_stats(self) -> dict[str, Any]:
+        """Where this sampler's rows come from: the resident set (windowed), the prefetch
+        counters (exact), and the store pages this process keeps mapped."""
+        out: dict[str, Any] = (self._resident.stats() if self._resident is not None
+                               else {"mode": "exact", "prefetch_batches": self.prefetch_batches})
+        if self._fetcher is not None:
+            out["prefetched_rows"] = self._fetcher.rows
+            out["prefetch_calls"] = self._fetcher.calls
+        if self._guard is not None:
+            out["mapped_file_bytes"] = self._guard.mapped_file_bytes()
+            out["unmap_drops"] = self._guard.drops
+        return out
+
+    def close(self) -> None:
+        """Stop background threads and give back the resident set's RAM (idempotent). The
+        sampler should not be used afterwards."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> TransitionSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def batch_nbytes(self, batch_size: int) -> int:
         """Bytes of the gathered block behind a batch of ``batch_size`` (for preallocated, e.g.
@@ -179,7 +292,8 @@ class TransitionSampler:
             consts = self._plans["consts"] = (flags, rew)
         return consts
 
-    def _gather_windowed(self, batch_size: int, candidates: Any, weights: np.ndarray | None = None) -> TransitionBatch:
+    def _gather_windowed(self, batch_size: int, candidates: Any, weights: np.ndarray | None = None,
+                         table: np.ndarray | None = None) -> TransitionBatch:
         """Fill a batch from ``candidates(n) -> (ks, slots)``, skipping starts whose window is
         incomplete; the views' values come back in ``reward``, ``discount`` and the flags."""
         k = _kernels()
@@ -194,7 +308,7 @@ class TransitionSampler:
         term = np.empty(batch_size, np.bool_)
         trunc = np.empty(batch_size, np.bool_)
         filled = 0
-        seg = reader.segment_table()
+        seg = reader.segment_table() if table is None else table
         rec_bytes = self.store.layout.record_bytes
         for _ in range(_MAX_ROUNDS):
             want = batch_size - filled + 4 + (batch_size - filled) // 16  # few starts are rejected
@@ -287,17 +401,41 @@ class UniformSampler(TransitionSampler):
     frame_stack
         Observations come back as stacks of the last ``frame_stack`` frames of the episode
         (clamped at its start), shape ``(B, frame_stack, *obs_shape)``, for obs and next_obs.
+    mode
+        ``"exact"`` (default): uniform over every committed row. ``"windowed"``: uniform over
+        the rows of the open segments and of a resident set of sealed segments held in RAM
+        (``cache_bytes``), rotated in the background; for stores larger than RAM (biased: see
+        README "Beyond RAM"). The first draw waits until the resident set is full
+        (``load_resident()`` does it earlier). Views (n-step, frame stacks) are exact in both
+        modes.
+    cache_bytes
+        ``"windowed"``: RAM for the open segments plus the resident copies (at least one
+        segment file). ``"exact"``: optional bound on the store pages this process keeps mapped
+        (they are unmapped, not evicted, each time that many more are mapped), so the learner's
+        resident memory stays bounded however large the store.
+    prefetch_batches
+        ``"exact"``: draw this many batches ahead and fetch their rows' pages in a background
+        thread (``MADV_WILLNEED``) while the learner works; batches are the same uniform stream
+        (drawn from a snapshot up to ``prefetch_batches`` batches old). 0 (default): read on
+        demand through the page cache, best when the store fits in RAM.
+    swap_segments_per_s
+        ``"windowed"``: once the resident set is full, replace one random resident segment by
+        one random other sealed segment this often (one sequential read of a segment file
+        each, in a background thread); ``math.inf``: back to back; 0: a fixed subset.
+
+    Call ``close()`` (or use ``with``) to stop the background threads and free the resident
+    set's RAM before the store is closed; ``tier_stats()`` reports what the tiers hold.
     """
 
     def _sample_raw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
         sample_transitions = _kernels().sample_transitions
-        self._maybe_refresh()
+        self._prepare()
         reader = self.store.reader
         total = reader.snapshot.total_rows
         if total == 0:
             raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
         table, where, big, nbytes = self._plan(batch_size)
-        seg = reader.segment_table()
+        seg = self._draw_table()
         out = self._buffer(nbytes)
         ids = np.empty(batch_size, np.int64)
         lay = self.store.layout
@@ -318,19 +456,39 @@ class UniformSampler(TransitionSampler):
 
     def sample_ids(self, batch_size: int) -> np.ndarray:
         """Global row ids of ``batch_size`` transition starts, drawn with replacement."""
-        return self._sample_raw(batch_size)[1]
+        if self._fetcher is not None:
+            return self.sample(batch_size).ids
+        ids = self._sample_raw(batch_size)[1]
+        self._after_batch()
+        return ids
 
     def sample(self, batch_size: int) -> TransitionBatch:
-        """A batch of ``batch_size`` transitions drawn uniformly with replacement."""
+        """A batch of ``batch_size`` transitions drawn uniformly with replacement (over every
+        committed row, or over the resident set in ``mode="windowed"``)."""
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
-        if self.windowed:
+        if self._fetcher is not None:
             self._maybe_refresh()
             if self.store.reader.snapshot.total_rows == 0:
                 raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
-            return self._gather_windowed(batch_size, self._state)
-        out, ids, where = self._sample_raw(batch_size)
-        return self._assemble(out, ids, where)
+            assert self._ahead is not None
+            out, ids, where, window = self._ahead.gather(batch_size)
+            batch = self._assemble(out, ids, where, None, window)
+        elif self.windowed:
+            self._prepare()
+            if self.store.reader.snapshot.total_rows == 0:
+                raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
+            batch = self._gather_windowed(batch_size, self._state, table=self._draw_table())
+        else:
+            out, ids, where = self._sample_raw(batch_size)
+            batch = self._assemble(out, ids, where)
+        self._after_batch()
+        return batch
+
+
+def _close_parts(parts: list[Any]) -> None:
+    for p in parts:
+        p.close()
 
 
 class _once:

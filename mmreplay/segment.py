@@ -10,7 +10,11 @@ Invariants kept here:
 * ``open_segment_file`` checks magic, version, header crc, store uuid, schema hash and the file
   size **before** mapping, so a short or foreign file is an error, never a SIGBUS;
 * publishing writes the control slot not written last, so a torn control write leaves the
-  previous, valid one.
+  previous, valid one;
+* a segment handle (writer, recovery, verify) maps its file ``MADV_SEQUENTIAL``: rows are
+  written and scanned in order, read-ahead is welcome, and pages referenced only through
+  this mapping are reclaimed early once written back (the learner's reader maps the same file
+  with its own hints, ``reader.py``).
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class Segment:
         self._fd = fd
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         self.mm = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED, prot)
+        self.mm.madvise(mmap.MADV_SEQUENTIAL)
         self.control = control
         self._slot = slot  # index of the control slot holding ``control``
         self.columns: dict[str, np.ndarray] = {
