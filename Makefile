@@ -22,9 +22,12 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 demo: $(STAMP)
-	rm -rf $(DEMO)
+	rm -rf $(DEMO) $(DEMO)-cp $(DEMO)-run
 	$(BIN)/python examples/quickstart.py $(DEMO)
 	$(BIN)/mmreplay info $(DEMO)
+	$(BIN)/mmreplay collect CartPole-v1 --store $(DEMO)-cp --steps 2000 --seed 0 --envs-per-worker 8
+	$(BIN)/mmreplay train CartPole-v1 --store $(DEMO)-cp --run-dir $(DEMO)-run --steps 60000 --eval-every 5000 --target-return 475
+	$(BIN)/mmreplay plot $(DEMO)-run
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"

@@ -72,7 +72,7 @@ def throughput(tmp: str, steps: int, actors: int, envs: int) -> tuple[float, flo
 
 
 def local_collect(tmp: str, steps: int, workers: int, envs: int) -> float:
-    from mmreplay.collect import collect
+    from mmreplay.actors import collect
 
     d = tempfile.mkdtemp(dir=tmp)
     t0 = time.perf_counter()

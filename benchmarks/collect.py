@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from mmreplay.collect import collect
+from mmreplay.actors import collect
 from mmreplay.envs import make_vec_env
 
 

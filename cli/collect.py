@@ -55,7 +55,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
       mmreplay collect CartPole-v1 --store /data/mediocre --steps 50000 --policy eps-greedy:run/policy.pt:0.6
       mmreplay collect CartPole-v1 --store /data/cp --steps 200000 --workers 4 --ray
     """
-    from mmreplay.collect import PolicySpec, collect
+    from mmreplay.actors import PolicySpec, collect
 
     try:
         spec = PolicySpec.parse(policy)

@@ -115,7 +115,8 @@ def verify(path: str, fast: bool, repair: bool) -> None:
 
 from .archive import export_cmd, import_cmd  # noqa: E402
 from .collect import collect_cmd  # noqa: E402
+from .train import plot_cmd, train_cmd  # noqa: E402
 
-for _cmd, _name in ((collect_cmd, "collect"), (export_cmd, "export"),
+for _cmd, _name in ((collect_cmd, "collect"), (train_cmd, "train"), (plot_cmd, "plot"), (export_cmd, "export"),
                     (import_cmd, "import")):
     main.add_command(_cmd, _name)

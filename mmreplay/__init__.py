@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .actors import ActorPool, CollectResult, PolicySpec, collect  # noqa: E402  (gymnasium loads in the workers)
 from .errors import (  # noqa: E402
     ArchiveError,
     CorruptArchiveError,
@@ -38,8 +39,10 @@ from .view import TransitionBatch  # noqa: E402
 from .writer import Writer  # noqa: E402
 
 __all__ = [
+    "ActorPool",
     "ArchiveError",
     "BatchLoader",
+    "CollectResult",
     "CorruptArchiveError",
     "CorruptSegmentError",
     "CorruptStoreError",
@@ -49,6 +52,7 @@ __all__ = [
     "FormatVersionError",
     "InvalidValueError",
     "MMReplayError",
+    "PolicySpec",
     "PrioritizedSampler",
     "ReadOnlyStoreError",
     "ReplayStore",
@@ -69,6 +73,7 @@ __all__ = [
     "WriterBusyError",
     "WriterFailedError",
     "__version__",
+    "collect",
     "create_store",
     "open_store",
 ]

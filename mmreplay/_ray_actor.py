@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .collect import Policy, PolicySpec
+from .actors import Policy, PolicySpec
 
 if TYPE_CHECKING:
     from .schema import Schema
@@ -178,7 +178,7 @@ class ClusterActor:
             seq: int = 0) -> dict[str, Any]:
         """Step until ``steps`` env steps (None: until stopped) within ``limit`` (None: no limit;
         :meth:`allow` moves it), then close, export, return the totals."""
-        from .collect import WorkerConfig, run_worker
+        from .actors import WorkerConfig, run_worker
 
         with self._mu:
             if self._runs:

@@ -10,12 +10,12 @@ and keeps only its own data path::
     weights:  policy file bytes -> ray.put -> every actor writes them to a local policy file
 
 :func:`ray_collect` is the library form of ``mmreplay collect --ray``; :class:`RayActorPool` has
-the interface of :class:`mmreplay.collect.ActorPool` for ``mmreplay train --ray``.
+the interface of :class:`mmreplay.ActorPool` for ``mmreplay train --ray``.
 
 Invariants kept here (the actor side is ``_ray_actor.py``, the driver side ``_fleet.py``, the
 learner's ingestion ``_shipping.py``):
 
-* An actor is :func:`mmreplay.collect.run_worker` (the same stepping loop as local collection)
+* An actor is :func:`mmreplay.actors.run_worker` (the same stepping loop as local collection)
   in a threaded Ray actor, writing a local store on its node (``<local_dir>/<run id>/actor-NNN``)
   that it exports into its own archive ``<root>/actor-NNN-<store uuid>``. An actor Ray restarts
   on the same node reopens its store: recovery seals what the dead incarnation published, and
@@ -57,7 +57,7 @@ import numpy as np
 from ._fleet import Fleet
 from ._ray_actor import ActorSpec
 from ._shipping import IngestReport, archive_urls, ingest_archives, read_ledger
-from .collect import CollectResult, Policy, PolicySpec
+from .actors import CollectResult, Policy, PolicySpec
 from .envs import AutoresetName
 from .errors import MMReplayError
 
@@ -140,7 +140,7 @@ def _check_archive_root(url: str, address: str | None) -> str:
 # -- collect ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class RayCollectResult(CollectResult):
-    """A :class:`~mmreplay.collect.CollectResult` plus what shipping did."""
+    """A :class:`~mmreplay.actors.CollectResult` plus what shipping did."""
 
     archive: str = ""
     """The archive root the actors exported into."""
@@ -207,7 +207,7 @@ def ray_collect(
     actors, which close their writers and export what they wrote (``interrupted=True``).
     """
     from . import __version__
-    from .collect import _env_spaces, _Progress, _split, open_or_create
+    from .actors import _env_spaces, _Progress, _split, open_or_create
     from .schema import Schema
 
     if steps < 1:
@@ -288,7 +288,7 @@ def ray_collect(
 # -- actors for a trainer ---------------------------------------------------------------------------
 class RayActorPool:
     """Ray actors that fill a learner's store through archives; the interface of
-    :class:`mmreplay.collect.ActorPool` (``start``, ``allow``, ``env_steps``, ``episode_returns``,
+    :class:`mmreplay.ActorPool` (``start``, ``allow``, ``env_steps``, ``episode_returns``,
     ``episodes``, ``check``, ``stop``) plus :meth:`publish_weights` and :meth:`ingest`.
 
     The learner's store at ``store_path`` must exist (its schema and ``segment_records`` are the

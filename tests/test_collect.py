@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import _envs
 import mmreplay
 from mmreplay.cli.main import main
-from mmreplay.collect import PolicySpec, collect
+from mmreplay.actors import PolicySpec, collect
 from mmreplay.envs import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def test_eps_greedy_policy_from_a_policy_file(tmp_path):
 
 def test_actor_pool_respects_the_limit_and_follows_new_weights(tmp_path):
     from mmreplay.agent import load_policy
-    from mmreplay.collect import ActorPool
+    from mmreplay.actors import ActorPool
 
     collect("CartPole-v1", tmp_path / "s", 2, workers=0, seed=0, progress=False)
     with mmreplay.open_store(tmp_path / "s") as store:

@@ -1,4 +1,4 @@
-"""Collection: actor processes that step gymnasium vector envs and append every step to a store.
+"""Actors: processes that step gymnasium vector envs and append every step to a store.
 
 :func:`collect` is the library form of ``mmreplay collect``; :class:`ActorPool` runs the same
 actors for an online trainer, without a step budget, under a samples-per-insert limit.

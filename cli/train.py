@@ -1,0 +1,194 @@
+"""``mmreplay train`` and ``mmreplay plot``: options mirror :class:`mmreplay.train.TrainConfig`.
+
+Every option defaults to "not given", so a run's config is the preset (classic control, or
+Nature DQN with ``--atari``) or, with ``--resume``, the config saved in the run's checkpoint,
+with only the options given on the command line changed. torch is imported inside the command
+bodies, so ``mmreplay --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from ._errors import friendly
+
+_FLOAT = click.FLOAT
+_INT = click.INT
+
+
+def _opt(*names: str, **kw: Any) -> Any:
+    return click.option(*names, default=None, show_default=False, **kw)
+
+
+def _hidden(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        widths = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated layer widths like 256,256, got {value!r}") from None
+    if not widths or min(widths) < 1:
+        raise click.BadParameter(f"expected positive layer widths like 256,256, got {value!r}")
+    return widths
+
+
+# (option declarations, kwargs); the destination is the TrainConfig field of the same name
+_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--store",), dict(type=click.Path(file_okay=False), help="Store path: filled online, read offline.")),
+    (("--offline/--online",), dict(help="Train from the store only (read-only), no env interaction but evaluation.")),
+    (("--archive",), dict(type=str, help="Offline: a zarr archive (path or fsspec URL) instead of --store.")),
+    (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql"]), help="dqn (double DQN); bc, cql offline. [dqn]")),
+    (("--steps",), dict(type=_INT, help="Env steps online / learner updates offline. [100000]")),
+    (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
+    (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED]")),
+    (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint.")),
+    (("--num-envs",), dict(type=_INT, help="Envs of the synchronous loop's vector env. [1]")),
+    (("--atari",), dict(is_flag=True, default=None, help="Atari preprocessing, Nature CNN, Nature-DQN preset.")),
+    (("--max-episode-steps",), dict(type=_INT, help="Time limit of episodes. [the env's]")),
+    (("--frame-stack",), dict(type=_INT, help="Frames per observation, stacked by the sampler. [1; atari 4]")),
+    (("--actors",), dict(type=_INT, help="Actor processes writing the store; 0: synchronous loop. [0]")),
+    (("--envs-per-actor",), dict(type=_INT, help="Envs per actor process. [1]")),
+    (("--ray",), dict(type=str, is_flag=False, flag_value="local", metavar="[ADDRESS]",
+                      help="Actors as Ray actors: on the cluster at ADDRESS ('auto', 'ray://head:10001'), or on a "
+                           "local Ray instance without one (after ENV_ID).")),
+    (("--ray-archive",), dict(type=str, metavar="URL",
+                              help="With --ray: where actors export segments, a path or URL every node reaches. "
+                                   "[STORE.archive]")),
+    (("--capacity",), dict(type=_INT, help="Rows the store keeps, if the run creates it. [1000000]")),
+    (("--segment-records",), dict(type=_INT, help="Rows per segment file, if the run creates the store.")),
+    (("--learning-rate", "--lr"), dict(type=_FLOAT, help="Adam learning rate. [2.3e-3; atari 1e-4]")),
+    (("--batch-size",), dict(type=_INT, help="Transitions per update. [64; atari 32]")),
+    (("--gamma",), dict(type=_FLOAT, help="Discount. [0.99]")),
+    (("--n-step",), dict(type=_INT, help="n-step returns (computed by the sampler). [1]")),
+    (("--train-freq",), dict(type=_INT, help="Env steps between training rounds. [256; atari 4]")),
+    (("--gradient-steps",), dict(type=_INT, help="Updates per training round. [128; atari 1]")),
+    (("--learning-starts",), dict(type=_INT, help="Env steps before the first update. [1000; atari 80000]")),
+    (("--target-update-interval",), dict(type=_INT, help="Updates between target updates. [128; atari 1000]")),
+    (("--tau",), dict(type=_FLOAT, help="Target update: 1 copies, <1 Polyak-averages. [1.0]")),
+    (("--double/--no-double",), dict(help="Double DQN targets. [double]")),
+    (("--dueling/--no-dueling",), dict(help="Dueling head. [no]")),
+    (("--hidden",), dict(type=str, callback=_hidden, help="MLP layer widths. [256,256]")),
+    (("--loss",), dict(type=click.Choice(["huber", "mse"]), help="TD loss. [huber]")),
+    (("--max-grad-norm",), dict(type=_FLOAT, help="Gradient clipping by global norm, 0 off. [10]")),
+    (("--start-e",), dict(type=_FLOAT, help="Epsilon at the start. [1.0]")),
+    (("--end-e",), dict(type=_FLOAT, help="Epsilon after the decay. [0.04; atari 0.01]")),
+    (("--exploration-fraction",), dict(type=_FLOAT, help="Fraction of --steps for the epsilon decay. [0.16]")),
+    (("--prioritized/--uniform",), dict(help="Prioritized replay. [uniform]")),
+    (("--per-alpha",), dict(type=_FLOAT, help="Priority exponent. [0.6]")),
+    (("--per-beta",), dict(type=_FLOAT, help="Importance-weight exponent at the start. [0.4]")),
+    (("--per-beta-final",), dict(type=_FLOAT, help="Importance-weight exponent at the end. [1.0]")),
+    (("--cql-alpha",), dict(type=_FLOAT, help="Weight of the CQL regulariser. [1.0]")),
+    (("--samples-per-insert",), dict(type=_FLOAT, help="Actors: sampled per inserted transition. [batch*gradient_steps/train_freq]")),
+    (("--publish-every",), dict(type=_INT, help="Actors: updates between weight publications. [64]")),
+    (("--eval-env",), dict(type=str, help="Env id for evaluation. [ENV_ID or the store's env_id]")),
+    (("--eval-every",), dict(type=_INT, help="Steps between evaluations, 0: at the end only. [10000]")),
+    (("--eval-episodes",), dict(type=_INT, help="Greedy episodes per evaluation, 0: none. [20]")),
+    (("--target-return",), dict(type=_FLOAT, help="Stop once an evaluation reaches this mean return.")),
+    (("--log-every",), dict(type=_INT, help="Steps between metric rows. [1000]")),
+    (("--checkpoint-every",), dict(type=_INT, help="Steps between checkpoints, 0: at the end only. [10000]")),
+    (("--tensorboard/--no-tensorboard",), dict(help="Also log to TensorBoard if installed. [yes]")),
+    (("--device",), dict(type=str, help="auto, cpu, cuda, cuda:1... [auto]")),
+    (("--amp",), dict(is_flag=True, default=None, help="bf16 autocast on CUDA.")),
+    (("--compile",), dict(is_flag=True, default=None, help="torch.compile the Q network.")),
+    (("--profile",), dict(is_flag=True, default=None, help="torch profiler trace of a few updates.")),
+    (("--threads",), dict(type=_INT, help="torch intra-op threads. [1 for MLPs on CPU]")),
+    (("--loader/--no-loader",), dict(help="Offline/actors: batches from a BatchLoader thread. [on CUDA only]")),
+    (("--prefetch",), dict(type=_INT, help="Batches the loader prepares ahead. [2]")),
+]
+
+
+def _train_options(fn: Any) -> Any:
+    for decls, kw in reversed(_OPTIONS):
+        if kw.get("is_flag"):
+            fn = click.option(*decls, **kw)(fn)
+        else:
+            fn = _opt(*decls, **kw)(fn)
+    return fn
+
+
+def option_fields() -> set[str]:
+    """The TrainConfig fields the options set (for the test that checks they mirror the config)."""
+    out = set()
+    for decls, _ in _OPTIONS:
+        name = decls[0].split("/")[0].lstrip("-").replace("-", "_")
+        out.add(name)
+    return out | {"env_id"}
+
+
+@click.command("train", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.argument("env_id", required=False)
+@_train_options
+@click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
+@friendly
+def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
+    """Train DQN online (the store is the replay memory), or BC / DQN / CQL offline from a store.
+
+    Metrics go to RUN_DIR/metrics.csv (and TensorBoard), checkpoints to RUN_DIR/checkpoint.pt
+    (atomic; --resume continues a killed run with the same store), the final network to
+    RUN_DIR/policy.pt. Defaults are the RL-zoo DQN settings for CartPole; --atari switches to
+    Nature-DQN ones. Bracketed values in the option list are the defaults.
+
+    \b
+    Examples:
+      mmreplay train CartPole-v1 --store /data/cartpole --steps 100000 --seed 1
+      mmreplay train CartPole-v1 --store /data/cp --actors 2 --run-dir runs/cp-async
+      mmreplay train CartPole-v1 --store /data/cp --resume --run-dir runs/cp   # after a crash
+      mmreplay train --offline --store /data/cp-mediocre --algo cql --eval-env CartPole-v1 --steps 10000
+      mmreplay train --offline --archive s3://bucket/cp.zarr --algo bc --eval-env CartPole-v1
+      mmreplay train ALE/Pong-v5 --atari --store /data/pong --n-step 3 --prioritized
+      mmreplay plot runs/cp
+    """
+    from dataclasses import replace
+
+    from mmreplay.train import TrainConfig, atari_config, default_run_dir, resume_config, train
+
+    if not quiet:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    given = {k: v for k, v in opts.items() if v is not None}
+    if env_id is not None:
+        given["env_id"] = env_id
+    resume = given.pop("resume", False)
+    try:
+        if resume:
+            run_dir = given.pop("run_dir", None) or str(default_run_dir(replace(TrainConfig(), **given)))
+            cfg = resume_config(run_dir, **given)
+        else:
+            cfg = atari_config(**given) if given.get("atari") else TrainConfig(**given)
+        result = train(cfg)
+    except (ValueError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"run          {result.run_dir}")
+    if not cfg.offline:
+        click.echo(f"env steps    {result.env_steps:,}  ({result.steps_per_s:,.0f}/s)")
+    click.echo(f"updates      {result.updates:,}  ({result.updates_per_s:,.0f}/s, data wait {result.data_wait:.1%})")
+    click.echo(f"wall time    {result.wall_s:.1f} s")
+    if result.evals:
+        step, mean, std = result.evals[-1]
+        click.echo(f"final eval   {mean:.1f} ± {std:.1f}  (step {step:,}; best {result.best_return:.1f})")
+    click.echo(f"policy       {result.policy_path}")
+    click.echo(f"plot with    mmreplay plot {result.run_dir}")
+
+
+@click.command("plot", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="PNG path. [RUN_DIR/learning_curve.png]")
+@click.option("--title", default=None, help="Plot title. [the run directory's name]")
+@friendly
+def plot_cmd(run_dir: str, out: str | None, title: str | None) -> None:
+    """Write a PNG learning curve of a run: return vs env steps, with the evaluation points.
+
+    \b
+    Examples:
+      mmreplay plot runs/CartPole-v1__dqn__s1
+      mmreplay plot runs/cp --out cp.png --title "CartPole DQN"
+    """
+    from mmreplay.runlog import plot_run
+
+    try:
+        path = plot_run(run_dir, out, title=title)
+    except (ImportError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(str(path))
