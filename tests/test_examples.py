@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +59,23 @@ def test_custom_agent_example_runs_and_resumes(tmp_path):
         assert out.returncode == 0, out.stderr
         assert f"{rows} rows" in out.stdout
     assert (tmp_path / "s" / "priorities" / "default.npz").exists()
+
+
+def _sh(name: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # this venv's mmreplay
+    return subprocess.run(["bash", str(ROOT / "examples" / name), *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_offline_cartpole_script_runs(tmp_path):
+    out = _sh("offline_cartpole.sh", str(tmp_path / "w"), "3000", "200")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "w" / "random.zarr").is_dir() and (tmp_path / "w" / "cql" / "learning_curve.png").exists()
+
+
+@pytest.mark.slow
+def test_atari_pong_script_runs(tmp_path):
+    pytest.importorskip("ale_py")
+    out = _sh("atari_pong.sh", str(tmp_path / "w"), "256", "400")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "w" / "run" / "metrics.csv").exists()
