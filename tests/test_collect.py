@@ -271,3 +271,16 @@ def test_cli_ray_address_needs_a_shared_archive(tmp_path):
     r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(tmp_path / "s"), "--steps", "10",
                                   "--ray", "ray://head:10001"])
     assert r.exit_code == 2 and "--ray-archive" in r.output
+
+
+def test_train_cli_failure_paths_are_one_line(tmp_path):
+    """RELIABILITY #20 for train: a missing or corrupt store exits 1 with one line, no traceback."""
+    r = _cli("train", "--offline", "--store", tmp_path / "missing", "--algo", "bc", "--eval-env", "CartPole-v1",
+             "--steps", 10, "--run-dir", tmp_path / "r1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    collect("CartPole-v1", tmp_path / "c", 50, workers=0, seed=0, progress=False)
+    m = tmp_path / "c" / "STORE.json"
+    m.write_bytes(m.read_bytes().replace(b"CartPole", b"CartPolf"))
+    r = _cli("train", "CartPole-v1", "--store", tmp_path / "c", "--steps", 10, "--run-dir", tmp_path / "r2")
+    assert r.returncode == 1 and "CorruptStoreError" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert _cli("train", "CartPole-v1", "--store", tmp_path / "c", "--algo", "ppo").returncode == 2
