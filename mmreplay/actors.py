@@ -614,28 +614,23 @@ def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], 
                             result.errors[w] = f"worker {w} died ({why})"
     except KeyboardInterrupt:
         result.interrupted = True
+    finally:
         stop.set()
-        deadline = time.monotonic() + 30
-        while running and time.monotonic() < deadline:
+        # keep draining while the workers close their writers: a worker exits only once its queue
+        # feeder has flushed into the pipe, so waiting without reading could stall both sides
+        deadline = time.monotonic() + 120
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
             try:
                 drain(0.1)
             except KeyboardInterrupt:  # a second Ctrl-C: stop waiting; published rows are safe anyway
                 break
-            running = {w for w in running if by_id[w].is_alive()}
-    finally:
-        stop.set()
         for p in procs:
-            p.join(timeout=30)
             if p.is_alive():  # pragma: no cover - a wedged env
                 p.kill()
-                p.join()
+            p.join()
         while not q.empty():
             with contextlib.suppress(Exception):
-                kind, w, payload = q.get_nowait()
-                if kind == "progress":
-                    absorb(payload)
-                elif kind == "error":
-                    result.errors[w] = payload
+                drain(0.01)
         q.close()
 
 

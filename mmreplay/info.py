@@ -40,7 +40,10 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
     disk = 0
     with os.scandir(store.segments_dir) as it:
         for e in it:
-            disk += e.stat().st_blocks * 512
+            try:
+                disk += e.stat().st_blocks * 512
+            except FileNotFoundError:  # evicted (renamed .deleted, then unlinked) while we listed it
+                continue
     writers = sorted({m.header.writer_id for m in segs})
     try:
         stats = json.loads((store.path / "stats.json").read_text())

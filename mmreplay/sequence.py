@@ -84,7 +84,8 @@ class SequenceSampler:
         ids = np.empty(batch_size, np.int64)
         filled = 0
         for _ in range(_MAX_ROUNDS):
-            ks, slots = candidates(batch_size - filled + 8 + (batch_size - filled) // 2)
+            need = batch_size - filled  # only 1 in `stride` rows can start a window: draw that many more
+            ks, slots = candidates((need + 8 + need // 2) * self.stride)
             if len(ks) == 0:
                 break
             filled, _ = gather_sequences(reader.segment_table(), reader.bytes, self.store.layout.record_bytes,

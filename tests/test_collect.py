@@ -133,7 +133,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_data(tmp_path):
                     if s.num_rows > 2000:
                         break
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
