@@ -118,6 +118,17 @@ def admin_lock(store: ReplayStore, *, exclusive: bool) -> FileLock:
     return lock
 
 
+def allocate_segment(store: ReplayStore) -> int:
+    """A new segment id, after evicting what capacity requires, under the store-wide allocation lock."""
+    alloc = store._lock("alloc.lock")
+    alloc.acquire(exclusive=True, blocking=True)
+    try:
+        store.evict_for_new_segment()
+        return store.allocate_segment_id()
+    finally:
+        alloc.release()
+
+
 def claim_writer_id(store: ReplayStore, role: str = "ingest") -> tuple[int, FileLock]:
     """Take the lowest free writer id of ``store`` (its lock, held until released) or raise
     ``WriterBusyError``; ``role`` goes into the lock file's owner line."""
@@ -205,13 +216,7 @@ class SessionIngest:
     def _flush(self, k: int) -> None:
         fields, is_last = self._take(k)
         store = self.store
-        alloc = store._lock("alloc.lock")
-        alloc.acquire(exclusive=True, blocking=True)
-        try:
-            store.evict_for_new_segment()
-            sid = store.allocate_segment_id()
-        finally:
-            alloc.release()
+        sid = allocate_segment(store)
         header = make_header(store, segment_id=sid, writer_id=self.writer_id, lanes=self.lanes,
                              session_epoch=self.epoch, chain_index=self._chain, first_seq=self._chain * self.usable,
                              usable_records=self.usable)

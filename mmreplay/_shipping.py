@@ -345,17 +345,13 @@ def _table_rows(g: Any, start: int, count: int) -> np.ndarray:
 
 def _plan_batch(store: ReplayStore, ledger: _Ledger, batch: list[_Job], wid: int) -> None:
     """Give each job its learner segment id (evicting like a writer) and record it pending."""
-    alloc = store._lock("alloc.lock")
+    from ._ingest import allocate_segment
+
     for job in batch:
         row = job.row
         if job.session not in ledger.sessions:  # a new source session: its learner (writer id, epoch)
             ledger.sessions[job.session] = [wid, secrets.randbits(63) | 1]
-        alloc.acquire(exclusive=True, blocking=True)
-        try:
-            store.evict_for_new_segment()
-            sid = store.allocate_segment_id()
-        finally:
-            alloc.release()
+        sid = allocate_segment(store)
         job.entry = ledger.segments[job.key] = [sid, ledger.sessions[job.session][0], int(row[COL["committed"]]), 0,
                                                 0, int(row[COL["session_epoch"]]), int(row[COL["chain_index"]])]
 
