@@ -178,7 +178,7 @@ class ClusterActor:
             seq: int = 0) -> dict[str, Any]:
         """Step until ``steps`` env steps (None: until stopped) within ``limit`` (None: no limit;
         :meth:`allow` moves it), then close, export, return the totals."""
-        from .actors import WorkerConfig, run_worker
+        from .worker import WorkerConfig, run_worker
 
         with self._mu:
             if self._runs:

@@ -123,7 +123,10 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_data(tmp_path):
     p = tmp_path / "s"
     proc = subprocess.Popen([sys.executable, "-m", "mmreplay", "collect", "CartPole-v1", "--store", str(p),
                              "--steps", "100000000", "--workers", "2", "--envs-per-worker", "2", "--seed", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a shell's background job (nohup ... &) inherits SIGINT ignored, and then Python
+                            # installs no KeyboardInterrupt handler: give the command a terminal's default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
