@@ -86,6 +86,8 @@ def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: 
         return stop.is_set() or os.getppid() != parent
 
     def may_step(n: int) -> bool:  # counts steps as they are taken: the limit is exact, not per report
+        if stop.is_set():  # stop() lifts the limit to wake waiting actors: no step after it
+            return False
         limit = allowed.value
         if limit >= 0 and sum(counts[:]) + n > limit:
             return False
