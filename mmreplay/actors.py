@@ -86,7 +86,7 @@ def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: 
         return stop.is_set() or os.getppid() != parent
 
     def may_step(n: int) -> bool:  # counts steps as they are taken: the limit is exact, not per report
-        if stop.is_set():  # stop() lifts the limit to wake waiting actors: no step after it
+        if stop.is_set():  # no step after stop()
             return False
         limit = allowed.value
         if limit >= 0 and sum(counts[:]) + n > limit:
@@ -438,8 +438,7 @@ class ActorPool:
         """Stop every actor; each closes its writer, so every row it wrote stays in the store."""
         if not self._procs:
             return
-        self._stop.set()
-        self._allowed.value = -1  # unblock actors waiting on the limit so they see the stop
+        self._stop.set()  # actors waiting on the limit see it within a millisecond
         for p in self._procs:
             p.join(timeout=timeout)
             if p.is_alive():  # pragma: no cover
