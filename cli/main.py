@@ -82,6 +82,10 @@ def info(path: str, as_json: bool) -> None:
             click.echo(f"  {name}: {why}")
     if data["metadata"]:
         click.echo(f"metadata     {json.dumps(data['metadata'])}")
+    for run in data["provenance"]:  # one line per collect run: what made the data
+        click.echo(f"run          {run['name']}: {run.get('kind', '?')} {run.get('env_id', '')} "
+                   f"policy={run.get('policy', '?')} seed={run.get('seed', '?')} "
+                   f"steps={run.get('steps_stored', '?')} status={run.get('status', '?')}")
 
 
 @main.command()

@@ -66,6 +66,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "evicted_segments": int(stats.get("evicted_segments", 0)),
         "unreadable_segments": dict(r.skipped),
         "metadata": store.metadata,
+        "provenance": store.provenance(),
         "created_at": store.manifest.get("created_at"),
         "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
         "tiers": tier_summary(store),

@@ -72,6 +72,9 @@ def test_workers_share_one_store_and_each_run_is_recorded(tmp_path):
     assert runs[0]["env_id"] == "CartPole-v1" and runs[0]["policy"] == "random" and runs[0]["mmreplay_version"]
     assert "Box" in runs[0]["observation_space"] and runs[0]["steps_stored"] == 3000
     assert info["metadata"]["env_id"] == "CartPole-v1" and len(info["writers"]) >= 2
+    assert [r["seed"] for r in info["provenance"]] == [10, 20]
+    out = CliRunner().invoke(main, ["info", str(p)]).output
+    assert out.count("run          ") == 2 and "policy=random seed=20 steps=1000 status=done" in out
     with pytest.raises(mmreplay.SchemaError, match="obs"):
         collect("Acrobot-v1", p, 10, workers=0, progress=False)
 
