@@ -32,9 +32,8 @@ import copy
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,217 +50,22 @@ from ._run import (
     to_tensors,
 )
 from .agent import FrameStack, QNetwork, network_spec, save_policy
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, restore_torch_rng
+from .checkpoint import restore_torch_rng
 from .evaluation import greedy_actions
 
+# the config lives in its own module (no torch there); re-exported for `from mmreplay.train import ...`
+from .trainconfig import (  # noqa: F401
+    Algo,
+    TrainConfig,
+    _run_dir,
+    atari_config,
+    default_run_dir,
+    linear_schedule,
+    resume_config,
+    validate_config,
+)
+
 log = logging.getLogger(__name__)
-
-Algo = Literal["dqn", "bc", "cql"]
-
-
-@dataclass(frozen=True, slots=True)
-class TrainConfig:
-    """Everything a training run needs. Defaults: the RL-zoo DQN settings for classic control
-    (CartPole); :func:`atari_config` gives the Nature-DQN ones. "steps" are env steps online and
-    learner updates offline."""
-
-    env_id: str | None = None
-    """Gymnasium id to train in (online), or to evaluate in (offline, unless ``eval_env``)."""
-    store: str = ""
-    """Store path: the replay memory online (created if missing, else appended to), the dataset offline."""
-    offline: bool = False
-    """Train from the store only (opened read-only); no env interaction except evaluation."""
-    archive: str | None = None
-    """Offline: train from a zarr archive (path or fsspec URL) instead of ``store``, read-only
-    (its segments are fetched into a temporary local cache first, see ``mmreplay.archive``)."""
-    algo: Algo = "dqn"
-    """``dqn`` (double DQN), ``bc`` (behaviour cloning, offline) or ``cql`` (discrete CQL, offline)."""
-    steps: int = 100_000
-    """Online: env steps in total (actions taken, all envs and actors). Offline: learner updates."""
-    seed: int = 1
-    """Seed of envs, networks, exploration and sampling."""
-    run_dir: str | None = None
-    """Where metrics, checkpoints and policies go (default ``runs/<env>__<algo>__s<seed>``)."""
-    resume: bool = False
-    """Continue the run in ``run_dir`` from its checkpoint (same store: nothing is reloaded)."""
-    num_envs: int = 1
-    """Environments of the synchronous loop's vector env (one store lane each)."""
-    atari: bool = False
-    """Atari preprocessing (84x84 uint8 frames, frame skip 4) and the Nature CNN."""
-    max_episode_steps: int | None = None
-    """Time limit of training and evaluation episodes (``None``: the env's own)."""
-    frame_stack: int = 1
-    """Frames per observation, rebuilt by the sampler from single stored frames (Atari: 4)."""
-    actors: int = 0
-    """Actor processes writing the store; 0 runs the synchronous loop (exactly reproducible)."""
-    envs_per_actor: int = 1
-    """Environments per actor process."""
-    ray: str | None = None
-    """Run the actors as Ray actors: a cluster address ("auto", "ray://head:10001") or "local" (a
-    local Ray instance for the run). Needs ``actors >= 1`` and the ``ray`` extra."""
-    ray_archive: str | None = None
-    """With ``ray``: the archive root the actors export sealed segments into, a path or fsspec URL
-    every node and the learner reach (default ``STORE.archive``, only without a cluster address)."""
-    capacity: int = 1_000_000
-    """Rows the store keeps (oldest segments evicted beyond it) when the run creates it."""
-    segment_records: int | None = None
-    """Rows per segment file when the run creates the store (``None``: about 32 MiB)."""
-    learning_rate: float = 2.3e-3
-    """Adam learning rate."""
-    batch_size: int = 64
-    """Transitions per update."""
-    gamma: float = 0.99
-    """Discount factor."""
-    n_step: int = 1
-    """n-step returns, computed by the sampler from consecutive rows."""
-    train_freq: int = 256
-    """Online: env steps between training rounds."""
-    gradient_steps: int = 128
-    """Online: updates per training round."""
-    learning_starts: int = 1000
-    """Online: env steps before the first update (the first rows are random-ish anyway)."""
-    target_update_interval: int = 128
-    """Learner updates between target-network updates."""
-    tau: float = 1.0
-    """Target update: 1 copies the weights; below 1, Polyak averaging target += tau (q - target)."""
-    double: bool = True
-    """Double DQN targets (the online net picks the next action, the target net values it)."""
-    dueling: bool = False
-    """Dueling head V(s) + A(s, a) - mean A."""
-    hidden: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of the MLP (vector observations)."""
-    loss: Literal["huber", "mse"] = "huber"
-    """TD loss: Huber (smooth L1, as SB3 and the Nature paper) or squared error."""
-    max_grad_norm: float = 10.0
-    """Gradient clipping by global norm (0 disables)."""
-    start_e: float = 1.0
-    """Exploration epsilon at the start."""
-    end_e: float = 0.04
-    """Exploration epsilon after the decay."""
-    exploration_fraction: float = 0.16
-    """Fraction of ``steps`` over which epsilon decays linearly."""
-    prioritized: bool = False
-    """Prioritized replay (proportional), priorities saved in the store for ``resume``."""
-    per_alpha: float = 0.6
-    """Priority exponent."""
-    per_beta: float = 0.4
-    """Importance-weight exponent at the start, annealed linearly to ``per_beta_final``."""
-    per_beta_final: float = 1.0
-    """Importance-weight exponent at the end of training."""
-    cql_alpha: float = 1.0
-    """Weight of the CQL regulariser."""
-    samples_per_insert: float | None = None
-    """Actors: sampled transitions per inserted one (``None``: batch × gradient_steps / train_freq)."""
-    publish_every: int = 64
-    """Actors: learner updates between weight publications."""
-    eval_env: str | None = None
-    """Env id for evaluation episodes (default ``env_id``, or the store's ``env_id`` metadata)."""
-    eval_every: int = 10_000
-    """Steps between evaluations (0: only at the end)."""
-    eval_episodes: int = 20
-    """Greedy episodes per evaluation (0: no evaluation)."""
-    target_return: float | None = None
-    """Stop once an evaluation's mean return reaches this (``None``: run all ``steps``)."""
-    log_every: int = 1000
-    """Steps between metric rows."""
-    checkpoint_every: int = 10_000
-    """Steps between checkpoints (0: only at the end)."""
-    tensorboard: bool = True
-    """Also log to TensorBoard under ``run_dir/tb`` when the ``tensorboard`` package is installed."""
-    device: str = "auto"
-    """``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
-    amp: bool = False
-    """bf16 autocast of the forward passes on CUDA (ignored on CPU)."""
-    compile: bool = False
-    """``torch.compile`` the Q network for the updates."""
-    profile: bool = False
-    """Write a torch profiler trace of a few updates to ``run_dir/profile``."""
-    threads: int | None = None
-    """torch intra-op threads (``None``: 1 for MLPs on the CPU, torch's default otherwise)."""
-    loader: bool | None = None
-    """Offline and actors: draw batches in a ``BatchLoader`` thread (pinned buffers, asynchronous
-    copies). ``None``: on CUDA only; on the CPU, drawing in the learner's thread is as fast and
-    leaves the cores to the updates (and to the actors)."""
-    prefetch: int = 2
-    """Batches the loader prepares ahead."""
-
-
-def atari_config(**overrides: Any) -> TrainConfig:
-    """Nature-DQN settings for Atari (frame stacks of 4, CNN, 1M-row store), then ``overrides``."""
-    base = dict(atari=True, frame_stack=4, learning_rate=1e-4, batch_size=32, train_freq=4, gradient_steps=1,
-                learning_starts=80_000, target_update_interval=1000, end_e=0.01, exploration_fraction=0.10,
-                steps=10_000_000, eval_episodes=5, eval_every=250_000, log_every=10_000, checkpoint_every=100_000,
-                n_step=1)
-    return TrainConfig(**{**base, **overrides})
-
-
-_POSITIVE = ("steps", "num_envs", "envs_per_actor", "capacity", "batch_size", "n_step", "train_freq",
-             "target_update_interval", "frame_stack", "publish_every", "prefetch")
-
-
-def validate_config(cfg: TrainConfig) -> None:
-    """Raise ``ValueError`` naming the first bad field (before anything is created)."""
-    for name in _POSITIVE:
-        if int(getattr(cfg, name)) < 1:
-            raise ValueError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
-    for name in ("gradient_steps", "learning_starts", "eval_every", "eval_episodes", "log_every", "checkpoint_every",
-                 "actors", "max_grad_norm", "cql_alpha"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"`{name}` must be >= 0, got {getattr(cfg, name)}")
-    if cfg.algo not in ("dqn", "bc", "cql"):
-        raise ValueError(f"`algo` must be 'dqn', 'bc' or 'cql', got {cfg.algo!r}")
-    if not cfg.offline and cfg.algo != "dqn":
-        raise ValueError(f"`algo`={cfg.algo!r} is offline only: pass offline=True (--offline) or algo='dqn'")
-    if not cfg.store and not (cfg.offline and cfg.archive):
-        raise ValueError("`store` is required: the store to train from (offline) or to fill (online)")
-    if cfg.archive and not cfg.offline:
-        raise ValueError("`archive` is for offline training (pass offline=True / --offline)")
-    if not cfg.offline and not cfg.env_id:
-        raise ValueError("`env_id` is required online")
-    if cfg.loss not in ("huber", "mse"):
-        raise ValueError(f"`loss` must be 'huber' or 'mse', got {cfg.loss!r}")
-    for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "per_alpha", "per_beta", "per_beta_final"):
-        v = getattr(cfg, name)
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"`{name}` must lie in [0, 1], got {v}")
-    if cfg.tau == 0:
-        raise ValueError("`tau` must be > 0")
-    if cfg.learning_rate <= 0:
-        raise ValueError(f"`learning_rate` must be > 0, got {cfg.learning_rate}")
-    if not cfg.hidden or any(int(h) < 1 for h in cfg.hidden):
-        raise ValueError(f"`hidden` must be positive layer widths, got {cfg.hidden}")
-    if cfg.samples_per_insert is not None and cfg.samples_per_insert <= 0:
-        raise ValueError(f"`samples_per_insert` must be > 0, got {cfg.samples_per_insert}")
-    if cfg.offline and cfg.actors:
-        raise ValueError("`actors` is for online training; offline runs read the store only")
-
-
-def default_run_dir(cfg: TrainConfig) -> Path:
-    """``runs/<env or store name>__<algo>__s<seed>`` (stable, so ``--resume`` finds it)."""
-    name = (cfg.env_id or Path(cfg.store or str(cfg.archive).rstrip("/")).name).replace("/", "-")
-    return Path("runs") / f"{name}__{cfg.algo}{'-offline' if cfg.offline else ''}__s{cfg.seed}"
-
-
-def resume_config(run_dir: str | Path, **overrides: Any) -> TrainConfig:
-    """The config saved in ``run_dir``'s checkpoint, with ``overrides`` (e.g. more ``steps``) and
-    ``resume=True``."""
-    payload = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
-    saved = payload["config"]
-    saved["hidden"] = tuple(saved["hidden"])
-    return TrainConfig(**{**saved, **overrides, "resume": True, "run_dir": str(run_dir)})
-
-
-def _run_dir(cfg: TrainConfig) -> Path:
-    """Validate ``cfg`` (before anything is made) and return its run directory."""
-    validate_config(cfg)
-    return Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-
-
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    """Linear from ``start`` to ``end`` over ``duration`` steps, then ``end``."""
-    if duration <= 0:
-        return end
-    return start + min(t / duration, 1.0) * (end - start)
 
 
 # -- ALGO LOGIC ---------------------------------------------------------------------------------------
