@@ -58,7 +58,7 @@ class SegmentSupply:
         alloc = store._lock("alloc.lock")
         alloc.acquire(exclusive=True, blocking=True)
         try:
-            store.evict_for_new_segment()
+            store.evict_for_new_segment(pending_rows=len(self._ready) * self.usable)  # made for this batch
             header = Header(
                 store_uuid=store.store_uuid, segment_id=store.allocate_segment_id(durable=durable),
                 writer_id=self.writer_id, lanes=self.lanes, session_epoch=self.epoch, chain_index=chain_index,

@@ -99,9 +99,13 @@ def make_vec_env(
     vectorization: Literal["sync", "async"] = "sync",
     terminal_on_life_loss: bool = False,
     sticky_actions: float | None = None,
+    copy: bool = True,
     **kwargs: Any,
 ) -> Any:
     """A gymnasium vector env of ``num_envs`` copies of :func:`make_env` (sync by default).
+
+    ``copy=False`` returns the env's own observation buffer from ``step()``/``reset()`` (overwritten by
+    the next step) instead of a copy: for a caller that copies each observation once anyway.
 
     ``vectorization="async"`` runs each copy in its own process (worth it only for slow envs;
     a collect worker is already a process of its own).
@@ -116,9 +120,9 @@ def make_vec_env(
                            terminal_on_life_loss=terminal_on_life_loss, sticky_actions=sticky_actions, **kwargs)
     mode = _autoreset(autoreset_mode)
     if vectorization == "sync":
-        return gym.vector.SyncVectorEnv([fn] * num_envs, autoreset_mode=mode)
+        return gym.vector.SyncVectorEnv([fn] * num_envs, autoreset_mode=mode, copy=copy)
     if vectorization == "async":
-        return gym.vector.AsyncVectorEnv([fn] * num_envs, autoreset_mode=mode, context="spawn")
+        return gym.vector.AsyncVectorEnv([fn] * num_envs, autoreset_mode=mode, context="spawn", copy=copy)
     raise ValueError(f"`vectorization` must be 'sync' or 'async', got {vectorization!r}")
 
 

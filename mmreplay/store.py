@@ -328,11 +328,13 @@ class ReplayStore:
         _write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
         return value
 
-    def evict_for_new_segment(self, *, force_one: bool = False) -> list[int]:
+    def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0) -> list[int]:
         """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held).
 
         ``force_one`` deletes exactly the oldest sealed segment whatever the capacity (used
-        when the disk is full and ``on_full='evict'``).
+        when the disk is full and ``on_full='evict'``). ``pending_rows``: rows of segments made
+        for one batch and not written yet (a batch spanning segments counts as held, so
+        ``on_full='error'`` refuses it before any of it is written).
         """
         sealed: list[tuple[int, str, int]] = []
         for name in sorted(os.listdir(self.segments_dir)):
@@ -342,7 +344,10 @@ class ReplayStore:
             state, committed, _ = self._segment_state(self.segments_dir / name)
             if state == STATE_SEALED:
                 sealed.append((parsed[0], name, committed))
-        held = sum(c for _, _, c in sealed)
+        held = sum(c for _, _, c in sealed) + pending_rows
+        if self.on_full == "error" and not sealed and pending_rows > self.capacity:
+            raise StoreFullError(f"{self.path} would hold {pending_rows} rows from one batch, capacity {self.capacity}, "
+                                 "and on_full='error'")
         evicted: list[int] = []
         for sid, name, committed in sealed:
             if force_one and evicted:

@@ -146,18 +146,18 @@ class WorkerConfig:
     report_s: float = 0.25
 
 
-def _make_vec(cfg: WorkerConfig) -> Any:
+def _make_vec(cfg: WorkerConfig, copy: bool = True) -> Any:
     from .envs import make_vec_env
 
     if isinstance(cfg.env, str):
         return make_vec_env(cfg.env, cfg.envs, atari=cfg.atari, max_episode_steps=cfg.max_episode_steps,
                             autoreset_mode=cfg.autoreset_mode, terminal_on_life_loss=cfg.terminal_on_life_loss,
-                            sticky_actions=cfg.sticky_actions)
+                            sticky_actions=cfg.sticky_actions, copy=copy)
     import gymnasium as gym
 
     from .envs import _autoreset
 
-    return gym.vector.SyncVectorEnv([cfg.env] * cfg.envs, autoreset_mode=_autoreset(cfg.autoreset_mode))
+    return gym.vector.SyncVectorEnv([cfg.env] * cfg.envs, autoreset_mode=_autoreset(cfg.autoreset_mode), copy=copy)
 
 
 def _row(obs: Any, action: Any, reward: Any, term: Any, trunc: Any) -> dict[str, Any]:
@@ -180,18 +180,22 @@ def run_worker(
 
     ``report(kind, payload)`` receives ``("progress", {...})`` about every ``report_s`` and at the
     end. ``may_step(n)`` (optional) is asked before each vector step of ``n`` env steps; while it
-    is False the actor waits (the trainer's samples-per-insert limit).
+    is False the actor publishes what it gathered and waits (the trainer's samples-per-insert limit).
+    ``should_stop()`` is asked every few steps (at most 64 vector steps apart).
     """
     from .store import open_store
 
     store = open_store(cfg.store, mode="a")
-    envs = _make_vec(cfg)
-    E = cfg.envs
     next_step = cfg.autoreset_mode.replace("-", "_") == "next_step"
     disabled = cfg.autoreset_mode.replace("-", "_") == "disabled"
-    if isinstance(cfg.policy, PolicySpec) and cfg.policy.kind == "eps-greedy":
+    ours = isinstance(cfg.policy, PolicySpec)
+    # next-step with our own policies: the env's observation buffer is copied once, into the step
+    # buffer, before the step overwrites it (no deepcopy per step); a user's policy may keep references
+    envs = _make_vec(cfg, copy=not (next_step and ours))
+    E = cfg.envs
+    if ours and cfg.policy.kind == "eps-greedy":
         act: Any = _EpsGreedy(cfg.policy, envs.action_space, cfg.seed + 7919 * (cfg.worker + 1))
-    elif isinstance(cfg.policy, PolicySpec):
+    elif ours:
         envs.action_space.seed(cfg.seed + cfg.worker)
         act = lambda obs, new: envs.action_space.sample()  # noqa: E731
     else:
@@ -201,58 +205,72 @@ def run_worker(
     writers = [store.writer(lanes=E, durability=cfg.durability, cast="safe")] if next_step else [
         store.writer(lanes=1, durability=cfg.durability, cast="safe") for _ in range(E)]
     row_bytes = store.layout.record_bytes
-    stats = {"steps": 0, "transitions": 0, "episodes": 0, "returns": [], "bytes": 0}
-    sent = dict(stats)
+    stats = _Stats(E)
+    sent = {"steps": 0, "transitions": 0, "episodes": 0}
     last_report = time.monotonic()
 
     def flush_report(final: bool = False) -> None:
         nonlocal last_report
-        delta = {k: stats[k] - sent[k] for k in ("steps", "transitions", "episodes", "bytes")}
-        delta["returns"] = stats["returns"]
+        delta = {k: getattr(stats, k) - sent[k] for k in sent}
+        delta["bytes"] = delta["steps"] * row_bytes
+        delta["returns"] = stats.returns
         delta["final"] = final
         delta["loop_s"] = time.perf_counter() - t_loop
         report("progress", delta)
-        sent.update({k: stats[k] for k in ("steps", "transitions", "episodes", "bytes")})
-        stats["returns"] = []
+        sent.update({k: getattr(stats, k) for k in sent})
+        stats.returns = []
         last_report = time.monotonic()
 
     obs = None
+    buf: _StepBuffer | None = None
     t_loop = time.perf_counter()
     try:
         obs, _ = envs.reset(seed=[cfg.seed + cfg.worker * E + j for j in range(E)])
         t_loop = time.perf_counter()  # the loop's rate: without env creation and the seeded reset
-        ep_return = np.zeros(E)
-        prev_done = np.zeros(E, bool)
-        new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
-        n_prev_done = 0
-        dict_obs = isinstance(obs, dict)
-        add = writers[0].add if next_step else None
-        if next_step:  # small rows: gather a few steps, then one add_batch (a third of the cost per step)
-            T = max(1, min(16, 65536 // (E * row_bytes)))
-            if T > 1:
-                add = _StepBuffer(writers[0], T).add
         budget = math.inf if cfg.steps is None else cfg.steps
-        steps = 0
-        while steps < budget and not should_stop():
-            if may_step is not None and not may_step(E):
-                time.sleep(0.001)
-                if time.monotonic() - last_report >= cfg.report_s:
-                    flush_report()
-                continue
-            action = act(obs, new_episode)
-            next_obs, reward, term, trunc, info = envs.step(action)
-            done = term | trunc
-            if next_step:  # one row per lane (keywords: the writer's fast path)
-                if dict_obs:
-                    add(**flatten_obs(obs), action=action, reward=reward, terminated=term, truncated=trunc)
-                else:
-                    add(obs=obs, action=action, reward=reward, terminated=term, truncated=trunc)
-                # an autoreset step (the one after a done) has reward 0 and is no transition
-                stats["transitions"] += E - n_prev_done
-            else:
-                stats["transitions"] += E
+        if next_step:
+            # gather up to T vector steps, then one add_batch and one vectorized count of the episodes
+            # (up to 256 steps or 256 KiB: rows reach readers a few ms later, the flush costs little per step)
+            buf = _StepBuffer(writers[0], max(1, min(256, (256 << 10) // (E * row_bytes))), stats)
+            new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
+            prev_done = np.zeros(E, bool)
+            steps = 0
+            watch = isinstance(act, _EpsGreedy)  # only our ε-greedy needs episode starts (frame stacks)
+            while steps < budget:
+                if buf.empty:  # every T steps: stop? report?
+                    if should_stop():
+                        break
+                    if time.monotonic() - last_report >= cfg.report_s:
+                        flush_report()
+                if may_step is not None and not may_step(E):
+                    buf.flush()  # the learner waits for these rows
+                    if should_stop():
+                        break
+                    time.sleep(0.001)
+                    if time.monotonic() - last_report >= cfg.report_s:
+                        flush_report()
+                    continue
+                action = act(obs, new_episode)
+                buf.put_obs(obs, action)  # before step() overwrites it
+                obs, reward, term, trunc, _ = envs.step(action)
+                buf.put_outcome(reward, term, trunc)  # may flush
+                steps += E
+                if watch:  # a lane done in the last step was reset by this one: its obs starts an episode
+                    new_episode, prev_done = prev_done, term | trunc
+            buf.flush()
+        else:
+            new_episode = np.ones(E, bool)
+            zero = np.zeros(1, np.float64)
+            while stats.steps < budget and not should_stop():  # per copy: rows differ per step
+                if may_step is not None and not may_step(E):
+                    time.sleep(0.001)
+                    if time.monotonic() - last_report >= cfg.report_s:
+                        flush_report()
+                    continue
+                action = act(obs, new_episode)
+                next_obs, reward, term, trunc, info = envs.step(action)
+                done = term | trunc
                 # same-step: the final observations are in info; disabled: next_obs until we reset
-                zero = np.zeros(1, np.float64)
                 for j in range(E):
                     a = action[j:j + 1]
                     writers[j].add(_row(_take(obs, [j]), a, reward[j:j + 1], term[j:j + 1], trunc[j:j + 1]))
@@ -261,26 +279,15 @@ def run_worker(
                         writers[j].add(_row(final, a, zero, [False], [False]))
                 if disabled and done.any():  # reset_mask resets those copies, returns the whole batch
                     next_obs, _ = envs.reset(options={"reset_mask": done})
-            ep_return += reward
-            n_prev_done = int(np.count_nonzero(done))
-            if n_prev_done:
-                stats["episodes"] += n_prev_done
-                stats["returns"].extend(ep_return[done].tolist())
-                ep_return[done] = 0.0
-            # next-step: a lane done last step was reset by this one; otherwise done lanes were reset now
-            new_episode = prev_done if next_step else done
-            prev_done = done
-            steps += E
-            stats["steps"] = steps
-            obs = next_obs
-            if time.monotonic() - last_report >= cfg.report_s:
-                stats["bytes"] = steps * row_bytes
-                flush_report()
-        stats["bytes"] = steps * row_bytes
+                stats.count(reward[None], done[None], autoreset_rows=False)
+                new_episode = done  # done lanes were reset in this step
+                obs = next_obs
+                if time.monotonic() - last_report >= cfg.report_s:
+                    flush_report()
     finally:
         try:
-            if next_step and add is not None and hasattr(add, "__self__") and isinstance(add.__self__, _StepBuffer):
-                add.__self__.flush()
+            if buf is not None:
+                buf.flush()
             for j, w in enumerate(writers):
                 if obs is None:
                     w.close()
@@ -292,37 +299,108 @@ def run_worker(
             flush_report(final=True)  # also after a crash: what was written before it is stored
 
 
-class _StepBuffer:
-    """Gathers ``T`` vector steps and appends them with one ``add_batch``.
+class _Stats:
+    """What a worker reports: env steps, transitions, episodes and their returns, counted a block
+    of vector steps at a time (cumulative sums, no loop per step)."""
 
-    The first step goes through ``Writer.add`` (full validation, clear errors); later steps are
-    copied with ``casting="safe"`` (no silent lossy cast) and validated again by ``add_batch``
-    (non-finite values), so a bad step costs at most the ``T - 1`` steps gathered before it.
+    def __init__(self, lanes: int) -> None:
+        self.steps = self.transitions = self.episodes = 0
+        self.returns: list[float] = []
+        self._ep_return = np.zeros(lanes)  # the running episodes' returns so far
+        self._prev_done = np.zeros(lanes, bool)  # lanes done in the last step counted
+
+    def count(self, reward: np.ndarray, done: np.ndarray, *, autoreset_rows: bool) -> None:
+        """Count ``n`` vector steps: ``reward`` and ``done`` are ``(n, lanes)``. ``autoreset_rows``:
+        the step after a done is the next-step autoreset (reward 0, a final observation, no transition)."""
+        n, lanes = done.shape
+        self.steps += n * lanes
+        self.transitions += n * lanes
+        if autoreset_rows:
+            self.transitions -= int(np.count_nonzero(self._prev_done)) + int(np.count_nonzero(done[:-1]))
+            self._prev_done = done[-1]
+        cum = np.cumsum(reward, axis=0, dtype=np.float64)
+        cum += self._ep_return
+        if not done.any():
+            self._ep_return = cum[-1]
+            return
+        t = np.arange(n)[:, None]
+        last = np.maximum.accumulate(np.where(done, t, -1), axis=0)  # the latest done at or before t
+        before = np.concatenate([np.full((1, lanes), -1), last[:-1]])  # ... strictly before t
+        base = np.where(before >= 0, np.take_along_axis(cum, np.maximum(before, 0), 0), 0.0)
+        self.returns.extend((cum - base)[done].tolist())  # in time order, lanes in order
+        self.episodes += int(np.count_nonzero(done))
+        end = last[-1]
+        self._ep_return = np.where(end >= 0, cum[-1] - cum[np.maximum(end, 0), np.arange(lanes)], cum[-1])
+
+
+class _StepBuffer:
+    """Gathers up to ``T`` vector steps and appends them with one ``add_batch``.
+
+    Observations and actions are copied into preallocated arrays when they are seen (the vector
+    env may overwrite its observation buffer in the next step); rewards and flags are fresh arrays
+    from every ``step()``, kept by reference and stacked at the flush. The first step goes through
+    ``Writer.add`` (full validation, clear errors); later copies use ``casting="safe"`` (no silent
+    lossy cast) and ``add_batch`` validates again (non-finite values), so a bad step costs at most
+    the ``T - 1`` steps gathered before it. Each flush also counts the block's episodes (``stats``).
     """
 
-    def __init__(self, writer: Any, T: int) -> None:
+    def __init__(self, writer: Any, T: int, stats: _Stats) -> None:
         self.writer = writer
         self.T = T
-        self.k = -1  # -1: the first step is not buffered
-        self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields}
+        self.stats = stats
+        self.first = True  # the first step is written by Writer.add, not buffered
+        self.k = 0  # steps buffered (observations and actions)
+        self.lastobs: dict[str, Any] | None = None
+        self.rewards: list[np.ndarray] = []
+        self.terms: list[np.ndarray] = []
+        self.truncs: list[np.ndarray] = []
+        self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields
+                     if f.name not in ("reward", "terminated", "truncated")}
+        self.obs, self.action = self.bufs.get("obs"), self.bufs["action"]
 
-    def add(self, **fields: Any) -> None:
-        k = self.k
-        if k < 0:
-            self.writer.add(**fields)
-            self.k = 0
+    @property
+    def empty(self) -> bool:
+        return not self.rewards
+
+    def put_obs(self, obs: Any, action: Any) -> None:
+        """The observation a step starts from (array or dict) and the action taken."""
+        if self.first:
+            fields = {**flatten_obs(obs), "action": action}
+            self.lastobs = {k: np.array(v) for k, v in fields.items()}  # step() may overwrite obs
             return
-        bufs = self.bufs
-        for name, x in fields.items():
-            np.copyto(bufs[name][k], x, casting="safe")
-        self.k = k = k + 1
-        if k == self.T:
+        k = self.k  # counted when the step's outcome is in
+        if isinstance(obs, dict):
+            for name, x in flatten_obs(obs).items():
+                np.copyto(self.bufs[name][k], x, casting="safe")
+        else:
+            np.copyto(self.obs[k], obs, casting="safe")
+        np.copyto(self.action[k], action, casting="safe")
+
+    def put_outcome(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
+        if self.first:
+            self.writer.add(**self.lastobs, reward=reward, terminated=term, truncated=trunc)
+            self.first = False
+            self.lastobs = None
+        else:
+            self.k += 1
+        self.rewards.append(reward)
+        self.terms.append(term)
+        self.truncs.append(trunc)
+        if len(self.rewards) >= self.T:
             self.flush()
 
     def flush(self) -> None:
-        if self.k > 0:
-            self.writer.add_batch({n: b[: self.k] for n, b in self.bufs.items()})
-            self.k = 0
+        if not self.rewards:
+            return
+        n, lanes = len(self.rewards), self.writer.lanes  # (concatenate: a fraction of np.stack's cost per step)
+        reward, term, trunc = (np.concatenate(x).reshape(n, lanes) for x in (self.rewards, self.terms, self.truncs))
+        self.rewards, self.terms, self.truncs = [], [], []
+        k, self.k = self.k, 0
+        if k:  # the last k steps (the block may start with the unbuffered first step)
+            self.writer.add_batch({**{n: b[:k] for n, b in self.bufs.items()},
+                                   "reward": reward[-k:], "terminated": term[-k:], "truncated": trunc[-k:]})
+            self.writer.publish()  # visible now, and the writer's publisher thread stays asleep
+        self.stats.count(reward, term | trunc, autoreset_rows=True)
 
 
 def _one_lane(x: Any) -> Any:

@@ -62,6 +62,47 @@ def test_idle_writer_rows_reach_another_process(store):
     w.close()
 
 
+def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(store):
+    """The publisher thread wakes only while rows wait unpublished (a timer would slow the actor
+    loop), publishes them within the interval, and a close() racing its wake-up never hangs."""
+    import time
+
+    w = store.writer(lanes=4, publish_rows=64, publish_interval_s=0.02)
+    other = mmreplay.open_store(store.path, mode="r")
+    w.add_batch({k: np.stack([step(4, t)[k] for t in range(16)]) for k in step(4, 0)})  # 64 rows
+    assert not w._wake.is_set()  # a full group published itself: nothing for the thread to do
+    other.refresh()
+    assert other.num_rows == 64
+    w.add(**step(4, 16))  # 4 rows wait
+    assert w._wake.is_set()
+    deadline = time.monotonic() + 10
+    while other.num_rows < 68 and time.monotonic() < deadline:
+        time.sleep(0.005)
+        other.refresh()
+    assert other.num_rows == 68
+    while w._wake.is_set() and time.monotonic() < deadline:  # back to sleep once nothing waits
+        time.sleep(0.005)
+    assert not w._wake.is_set()
+    w.close()
+    other.close()
+
+    # close() signals the thread (stop, then wake) just before the thread clears its wake-up
+    w = store.writer(lanes=1, publish_interval_s=0.001)
+    clear = w._wake.clear
+
+    def close_signals_then_clear() -> None:
+        w._stop.set()
+        w._wake.set()
+        clear()
+
+    w._wake.clear = close_signals_then_clear
+    w.add(**step(1, 99))  # the thread publishes the row, then clears: it must see the stop and end
+    w._publisher.join(timeout=30)
+    assert not w._publisher.is_alive(), "the publisher missed close()'s signal (close() would hang)"
+    w.close()
+    assert store.num_rows == 69
+
+
 def test_batch_durability_publishes_every_add(store):
     w = store.writer(lanes=1, durability="batch")
     other = mmreplay.open_store(store.path, mode="r")
