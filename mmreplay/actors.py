@@ -66,6 +66,8 @@ class CollectResult:
     provenance: str | None = None
     loop_seconds: float = 0.0
     """The longest worker's stepping loop (no process start-up, env creation or store opening)."""
+    loop_cpu_seconds: float = 0.0
+    """CPU time of the workers' stepping loops, summed (every thread of each worker process)."""
 
     @property
     def steps_per_s(self) -> float:
@@ -257,6 +259,7 @@ def collect(
         result.episode_returns.extend(payload["returns"])
         if payload["final"]:
             result.loop_seconds = max(result.loop_seconds, payload["loop_s"])
+            result.loop_cpu_seconds += payload.get("loop_cpu_s", 0.0)
         bar.update(payload["steps"], result)
 
     try:

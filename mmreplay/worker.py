@@ -216,6 +216,7 @@ def run_worker(
         delta["returns"] = stats.returns
         delta["final"] = final
         delta["loop_s"] = time.perf_counter() - t_loop
+        delta["loop_cpu_s"] = time.process_time() - c_loop  # all of this process's threads
         report("progress", delta)
         sent.update({k: getattr(stats, k) for k in sent})
         stats.returns = []
@@ -223,15 +224,15 @@ def run_worker(
 
     obs = None
     buf: _StepBuffer | None = None
-    t_loop = time.perf_counter()
+    t_loop, c_loop = time.perf_counter(), time.process_time()
     try:
         obs, _ = envs.reset(seed=[cfg.seed + cfg.worker * E + j for j in range(E)])
-        t_loop = time.perf_counter()  # the loop's rate: without env creation and the seeded reset
+        t_loop, c_loop = time.perf_counter(), time.process_time()  # the loop: no env creation, seeded reset
         budget = math.inf if cfg.steps is None else cfg.steps
         if next_step:
             # gather up to T vector steps, then one add_batch and one vectorized count of the episodes
             # (up to 256 steps or 256 KiB: rows reach readers a few ms later, the flush costs little per step)
-            buf = _StepBuffer(writers[0], max(1, min(256, (256 << 10) // (E * row_bytes))), stats)
+            buf = _StepBuffer(writers[0], max(1, min(256, (256 << 10) // (E * row_bytes))), stats, fresh_actions=ours)
             new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
             prev_done = np.zeros(E, bool)
             steps = 0
@@ -336,15 +337,16 @@ class _Stats:
 class _StepBuffer:
     """Gathers up to ``T`` vector steps and appends them with one ``add_batch``.
 
-    Observations and actions are copied into preallocated arrays when they are seen (the vector
-    env may overwrite its observation buffer in the next step); rewards and flags are fresh arrays
-    from every ``step()``, kept by reference and stacked at the flush. The first step goes through
+    Observations are copied into preallocated arrays when they are seen (the vector env may
+    overwrite its observation buffer in the next step); rewards and flags are fresh arrays from
+    every ``step()``, kept by reference and concatenated at the flush, and so are actions when the
+    policy returns a new array each call (``fresh_actions``: ours do; a user's is copied). The first step goes through
     ``Writer.add`` (full validation, clear errors); later copies use ``casting="safe"`` (no silent
     lossy cast) and ``add_batch`` validates again (non-finite values), so a bad step costs at most
     the ``T - 1`` steps gathered before it. Each flush also counts the block's episodes (``stats``).
     """
 
-    def __init__(self, writer: Any, T: int, stats: _Stats) -> None:
+    def __init__(self, writer: Any, T: int, stats: _Stats, fresh_actions: bool = False) -> None:
         self.writer = writer
         self.T = T
         self.stats = stats
@@ -357,6 +359,9 @@ class _StepBuffer:
         self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields
                      if f.name not in ("reward", "terminated", "truncated")}
         self.obs, self.action = self.bufs.get("obs"), self.bufs["action"]
+        self.actions: list[np.ndarray] | None = [] if fresh_actions else None
+        if fresh_actions:
+            del self.bufs["action"]
 
     @property
     def empty(self) -> bool:
@@ -374,7 +379,10 @@ class _StepBuffer:
                 np.copyto(self.bufs[name][k], x, casting="safe")
         else:
             np.copyto(self.obs[k], obs, casting="safe")
-        np.copyto(self.action[k], action, casting="safe")
+        if self.actions is None:
+            np.copyto(self.action[k], action, casting="safe")
+        else:
+            self.actions.append(action)
 
     def put_outcome(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
         if self.first:
@@ -397,8 +405,12 @@ class _StepBuffer:
         self.rewards, self.terms, self.truncs = [], [], []
         k, self.k = self.k, 0
         if k:  # the last k steps (the block may start with the unbuffered first step)
-            self.writer.add_batch({**{n: b[:k] for n, b in self.bufs.items()},
-                                   "reward": reward[-k:], "terminated": term[-k:], "truncated": trunc[-k:]})
+            batch = {**{n: b[:k] for n, b in self.bufs.items()},
+                     "reward": reward[-k:], "terminated": term[-k:], "truncated": trunc[-k:]}
+            if self.actions is not None:  # (one more if a step() raised after its action was taken)
+                actions, self.actions = self.actions[:k], []
+                batch["action"] = np.concatenate(actions).reshape(k, *self.action.shape[1:])
+            self.writer.add_batch(batch)
             self.writer.publish()  # visible now, and the writer's publisher thread stays asleep
         self.stats.count(reward, term | trunc, autoreset_rows=True)
 
