@@ -383,8 +383,9 @@ class ActorPool:
         if actors < 1:
             raise ValueError(f"`actors` must be >= 1, got {actors}")
         spec = PolicySpec("eps-greedy", str(policy_path), None, reload_s=0.2)
+        # rows are published every 16 vector steps: the learner samples data a few ms old
         self.cfgs = [WorkerConfig(w, env_id, str(store_path), None, envs_per_actor, seed, spec, atari, max_episode_steps,
-                                  "next_step", durability, terminal_on_life_loss) for w in range(actors)]
+                                  "next_step", durability, terminal_on_life_loss, gather_steps=16) for w in range(actors)]
         self._procs: list[Any] = []
         self._returns: deque[float] = deque(maxlen=1000)
         self._episodes = 0

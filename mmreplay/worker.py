@@ -144,6 +144,9 @@ class WorkerConfig:
     terminal_on_life_loss: bool = False
     sticky_actions: float | None = None
     report_s: float = 0.25
+    gather_steps: int = 256
+    """Most vector steps gathered before one ``add_batch`` (and at most 256 KiB): rows reach
+    readers that many steps late. A trainer's actors use a few (fresh data), ``collect`` many."""
 
 
 def _make_vec(cfg: WorkerConfig, copy: bool = True) -> Any:
@@ -231,8 +234,9 @@ def run_worker(
         budget = math.inf if cfg.steps is None else cfg.steps
         if next_step:
             # gather up to T vector steps, then one add_batch and one vectorized count of the episodes
-            # (up to 256 steps or 256 KiB: rows reach readers a few ms later, the flush costs little per step)
-            buf = _StepBuffer(writers[0], max(1, min(256, (256 << 10) // (E * row_bytes))), stats, fresh_actions=ours)
+            # (gather_steps or 256 KiB: rows reach readers that much later; the flush costs little per step)
+            T = max(1, min(cfg.gather_steps, (256 << 10) // (E * row_bytes)))
+            buf = _StepBuffer(writers[0], T, stats, fresh_actions=ours)
             new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
             prev_done = np.zeros(E, bool)
             steps = 0
