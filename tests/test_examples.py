@@ -79,3 +79,18 @@ def test_atari_pong_script_runs(tmp_path):
     out = _sh("atari_pong.sh", str(tmp_path / "w"), "256", "400")
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "w" / "run" / "metrics.csv").exists()
+
+
+def test_gpu_loader_benchmark_runs_without_a_gpu(tmp_path):
+    """benchmarks/loader_gpu.py is the one script a CUDA machine runs for the loader: keep it working."""
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "loader_gpu.py"), "--device", "cpu", "--rows", "2048",
+                        "--seconds", "0.2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    res = json.loads(out.read_text())
+    for b in (32, 256):
+        assert res[f"sync_{b}"]["updates_per_s"] > 0 and res[f"loader_{b}"]["updates_per_s"] > 0
+        assert res[f"h2d_{b}"]["pageable_gbps"] > 0 and res[f"loader_{b}"]["pinned"] is False  # no CUDA: no pinning
+    assert "| 256 | BatchLoader |" in r.stdout
