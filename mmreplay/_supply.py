@@ -131,7 +131,7 @@ class SegmentSupply:
         seg.close()
         doomed = path.with_name(path.name + ".deleted")
         os.rename(path, doomed)
-        doomed.unlink()
+        doomed.unlink(missing_ok=True)  # another process opening the store may finish a .deleted first
         fsync_dir(path.parent)
 
     def close(self) -> None:

@@ -183,7 +183,7 @@ def _remove(path: Path) -> None:
         os.rename(path, doomed)
     except FileNotFoundError:
         return
-    doomed.unlink()
+    doomed.unlink(missing_ok=True)  # another recovering process may have finished it
     fsync_dir(path.parent)
 
 

@@ -170,3 +170,23 @@ def test_writer_refuses_use_after_fork(store):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     w.close()
+
+
+def test_close_tolerates_another_process_finishing_a_spare_deletion(store, monkeypatch):
+    """A writer deletes its unused spare segment by renaming it ``.deleted`` and unlinking it; a
+    store opened in another process meanwhile may finish that deletion first (found by the torture
+    test): close() must not fail for it."""
+    w = store.writer(lanes=1)
+    w._supply.ensure(1)  # a spare, as made ahead of need
+    w.add(**step(1, 0))
+    real = os.rename
+
+    def rename_then_finished_elsewhere(src, dst):
+        real(src, dst)
+        if str(dst).endswith(".deleted"):
+            os.unlink(dst)  # the other process's recovery removed it
+
+    monkeypatch.setattr(os, "rename", rename_then_finished_elsewhere)
+    w.close()
+    monkeypatch.undo()
+    assert store.num_rows == 1 and not list((store.path / "segments").glob("*.deleted"))
