@@ -53,7 +53,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from . import _failpoint
-from ._archive_layout import COL, committed_extent, open_group, read_meta
+from ._archive_layout import COL, committed_extent, open_group, read_meta, read_rows
 from ._format import STATE_SEALED
 from ._fs import atomic_write
 from .errors import ArchiveError, CorruptArchiveError
@@ -337,7 +337,7 @@ def _table_rows(g: Any, start: int, count: int) -> np.ndarray:
     """Rows ``[start, count)`` of the archive's segment table."""
     if count <= start:
         return np.zeros((0, len(COL)), np.int64)
-    t = np.asarray(_read({"segment_table": g["segment_table"]}, "segment_table", slice(start, count)), np.int64)
+    t = np.asarray(read_rows(g, "segment_table", slice(start, count)), np.int64)
     if t.shape != (count - start, len(COL)):
         raise CorruptArchiveError(f"segment_table rows {start}..{count} have shape {t.shape}")
     return t
@@ -369,8 +369,8 @@ def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Jo
         raise CorruptArchiveError(f"segment_table row {job.ordinal} has committed={n}, usable={usable}, "
                                   f"segment_records={R}")
     sel = slice(job.ordinal * R, job.ordinal * R + n)
-    fields = {f.name: np.ascontiguousarray(_read(arrays, f"fields/{f.name}", sel)) for f in store.schema.fields}
-    last = np.ascontiguousarray(_read(arrays, "is_last", sel), np.bool_)
+    fields = {f.name: np.ascontiguousarray(read_rows(arrays, f"fields/{f.name}", sel)) for f in store.schema.fields}
+    last = np.ascontiguousarray(read_rows(arrays, "is_last", sel), np.bool_)
     crc = 0
     for f in store.schema.fields:
         crc = _crc32c.crc32c(fields[f.name], crc)
@@ -383,15 +383,6 @@ def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Jo
     e[_CRC] = int(crc)
     e[_DONE] = 1
     return n
-
-
-def _read(arrays: dict[str, Any], name: str, sel: slice) -> np.ndarray:
-    try:
-        return arrays[name][sel]
-    except ValueError as exc:
-        if "checksum" in str(exc):
-            raise CorruptArchiveError(f"array {name!r}, rows {sel.start}..{sel.stop}: {exc}") from None
-        raise
 
 
 __all__ = ["LEDGER", "IngestReport", "archive_urls", "ingest_archives", "read_ledger"]
