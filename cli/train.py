@@ -66,7 +66,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--train-freq",), dict(type=_INT, help="Env steps between training rounds. [256; atari 4]")),
     (("--gradient-steps",), dict(type=_INT, help="Updates per training round. [128; atari 1]")),
     (("--learning-starts",), dict(type=_INT, help="Env steps before the first update. [1000; atari 80000]")),
-    (("--target-update-interval",), dict(type=_INT, help="Updates between target updates. [128; atari 1000]")),
+    (("--target-update-interval",), dict(type=_INT, help="Updates between target updates. [128; offline 1000; atari 1000]")),
     (("--tau",), dict(type=_FLOAT, help="Target update: 1 copies, <1 Polyak-averages. [1.0]")),
     (("--double/--no-double",), dict(help="Double DQN targets. [double]")),
     (("--dueling/--no-dueling",), dict(help="Dueling head. [no]")),

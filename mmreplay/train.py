@@ -62,6 +62,7 @@ from .trainconfig import (  # noqa: F401
     default_run_dir,
     linear_schedule,
     resume_config,
+    target_update_interval_of,
     validate_config,
 )
 
@@ -85,6 +86,7 @@ class Learner:
         if cfg.amp and not self.amp:
             log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
         self.updates = 0
+        self.target_every = target_update_interval_of(cfg)
         self._loss_sum = torch.zeros((), device=device)  # since the last read_stats (no sync per update)
         self._q_sum = torch.zeros((), device=device)
         self._n = 0
@@ -131,7 +133,7 @@ class Learner:
             torch.nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
-        if self.target is not None and self.updates % cfg.target_update_interval == 0:
+        if self.target is not None and self.updates % self.target_every == 0:
             self.update_target()
         self._loss_sum += loss.detach()
         self._q_sum += q_sa.detach().mean()

@@ -327,3 +327,14 @@ def test_offline_from_a_zarr_archive(tmp_path, datasets):
                             eval_env="CartPole-v1", eval_every=0, eval_episodes=10, run_dir=str(tmp_path / "arch"),
                             tensorboard=False, checkpoint_every=0))
     assert res.updates == 400 and res.final_return > behaviour, res.evals
+
+
+def test_target_update_interval_defaults_online_offline_and_atari():
+    from mmreplay.trainconfig import atari_config, target_update_interval_of, validate_config
+
+    assert target_update_interval_of(TrainConfig(env_id="x", store="x")) == 128  # RL-zoo CartPole
+    assert target_update_interval_of(TrainConfig(store="x", offline=True, algo="cql")) == 1000
+    assert target_update_interval_of(TrainConfig(store="x", offline=True, target_update_interval=64)) == 64
+    assert target_update_interval_of(atari_config(env_id="x", store="x")) == 1000
+    with pytest.raises(ValueError, match="target_update_interval"):
+        validate_config(TrainConfig(env_id="x", store="x", target_update_interval=0))
