@@ -184,7 +184,7 @@ def run_worker(
     ``report(kind, payload)`` receives ``("progress", {...})`` about every ``report_s`` and at the
     end. ``may_step(n)`` (optional) is asked before each vector step of ``n`` env steps; while it
     is False the actor publishes what it gathered and waits (the trainer's samples-per-insert limit).
-    ``should_stop()`` is asked every few steps (at most 64 vector steps apart).
+    ``should_stop()`` is asked once per gathered block (at most ``gather_steps`` vector steps apart).
     """
     from .store import open_store
 
@@ -262,7 +262,6 @@ def run_worker(
                 steps += E
                 if watch:  # a lane done in the last step was reset by this one: its obs starts an episode
                     new_episode, prev_done = prev_done, term | trunc
-            buf.flush()
         else:
             new_episode = np.ones(E, bool)
             zero = np.zeros(1, np.float64)
@@ -292,7 +291,7 @@ def run_worker(
     finally:
         try:
             if buf is not None:
-                buf.flush()
+                buf.flush()  # the last block (also after a crash: what was gathered before it)
             for j, w in enumerate(writers):
                 if obs is None:
                     w.close()
@@ -360,12 +359,12 @@ class _StepBuffer:
         self.rewards: list[np.ndarray] = []
         self.terms: list[np.ndarray] = []
         self.truncs: list[np.ndarray] = []
+        by_ref = ("reward", "terminated", "truncated", *(("action",) if fresh_actions else ()))
         self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields
-                     if f.name not in ("reward", "terminated", "truncated")}
-        self.obs, self.action = self.bufs.get("obs"), self.bufs["action"]
+                     if f.name not in by_ref}
+        self.obs, self.action = self.bufs.get("obs"), self.bufs.get("action")
         self.actions: list[np.ndarray] | None = [] if fresh_actions else None
-        if fresh_actions:
-            del self.bufs["action"]
+        self.action_shape = (writer.lanes, *writer.schema["action"].shape)
 
     @property
     def empty(self) -> bool:
@@ -413,7 +412,7 @@ class _StepBuffer:
                      "reward": reward[-k:], "terminated": term[-k:], "truncated": trunc[-k:]}
             if self.actions is not None:  # (one more if a step() raised after its action was taken)
                 actions, self.actions = self.actions[:k], []
-                batch["action"] = np.concatenate(actions).reshape(k, *self.action.shape[1:])
+                batch["action"] = np.concatenate(actions).reshape(k, *self.action_shape)
             self.writer.add_batch(batch)
             self.writer.publish()  # visible now, and the writer's publisher thread stays asleep
         self.stats.count(reward, term | trunc, autoreset_rows=True)
