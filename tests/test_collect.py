@@ -71,7 +71,10 @@ def test_workers_share_one_store_and_each_run_is_recorded(tmp_path):
     assert runs[0]["env_seeds"] == [[10, 11], [12, 13]] and runs[1]["env_seeds"] == [[20, 21], [22, 23]]
     assert runs[0]["env_id"] == "CartPole-v1" and runs[0]["policy"] == "random" and runs[0]["mmreplay_version"]
     assert "Box" in runs[0]["observation_space"] and runs[0]["steps_stored"] == 3000
-    assert info["metadata"]["env_id"] == "CartPole-v1" and len(info["writers"]) >= 2
+    # a worker that finishes before the other opens its writer frees its writer slot for reuse,
+    # so the number of distinct writer ids is 1 or 2; every stored row belongs to one of them
+    assert info["metadata"]["env_id"] == "CartPole-v1" and 1 <= len(info["writers"]) <= 2
+    assert sum(info["rows_per_writer"].values()) == info["rows"] == 4000 + 8
     assert [r["seed"] for r in info["provenance"]] == [10, 20]
     out = CliRunner().invoke(main, ["info", str(p)]).output
     assert out.count("run          ") == 2 and "policy=random seed=20 steps=1000 status=done" in out
