@@ -82,9 +82,14 @@ class SegmentSupply:
             pending, self._pending = self._pending, None
             self._ready.append(pending.result())
 
+    @property
+    def idle(self) -> bool:
+        """No segment is ready or being made (``prefetch()`` would start one)."""
+        return not self._ready and self._pending is None and self.usable > 1
+
     def prefetch(self) -> None:
         """Start making the next segment in the background, unless one is ready or coming."""
-        if self._ready or self._pending is not None or self.usable <= 1:
+        if not self.idle:
             return
         if self._allocator is None:
             self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")

@@ -331,20 +331,25 @@ class ReplayStore:
     def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0) -> list[int]:
         """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held).
 
+        Rows held are the published rows of every segment, open ones included: then, with each
+        writer calling this (through its next segment) once per segment and publishing first,
+        a store holds at most ``capacity`` + one segment + one segment per writer.
+
         ``force_one`` deletes exactly the oldest sealed segment whatever the capacity (used
         when the disk is full and ``on_full='evict'``). ``pending_rows``: rows of segments made
         for one batch and not written yet (a batch spanning segments counts as held, so
         ``on_full='error'`` refuses it before any of it is written).
         """
         sealed: list[tuple[int, str, int]] = []
+        held = pending_rows
         for name in sorted(os.listdir(self.segments_dir)):
             parsed = parse_segment_name(name)
             if parsed is None:
                 continue
             state, committed, _ = self._segment_state(self.segments_dir / name)
+            held += committed  # open segments' published rows count too (they cannot be evicted yet)
             if state == STATE_SEALED:
                 sealed.append((parsed[0], name, committed))
-        held = sum(c for _, _, c in sealed) + pending_rows
         if self.on_full == "error" and not sealed and pending_rows > self.capacity:
             raise StoreFullError(f"{self.path} would hold {pending_rows} rows from one batch, capacity {self.capacity}, "
                                  "and on_full='error'")

@@ -496,7 +496,8 @@ class Writer:
                 self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
         elif not self._wake.is_set():
             self._wake.set()  # the publisher publishes these rows if no add comes within the interval
-        if 2 * n >= self.usable:  # the next segment is made in the background, ahead of need
+        if 2 * n >= self.usable and self._supply.idle:  # the next segment is made in the background
+            self._publish()  # ... and the eviction it runs counts every row this writer has written
             self._supply.prefetch()
         self.store._dirty = True
 
