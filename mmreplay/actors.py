@@ -87,17 +87,21 @@ def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: 
     def should_stop() -> bool:
         return stop.is_set() or os.getppid() != parent
 
+    if counts is not None:
+        lock, raw = counts.get_lock(), counts.get_obj()
+
     def may_step(n: int) -> bool:  # counts steps as they are taken: the limit is exact, not per report
         if stop.is_set():  # no step after stop()
             return False
         limit = allowed.value
-        if limit >= 0 and sum(counts[:]) + n > limit:
-            return False
-        counts[w] += n
+        with lock:  # check and count as one step: two actors must not both pass the check at the limit
+            if limit >= 0 and sum(raw) + n > limit:
+                return False
+            raw[w] += n
         return True
 
     try:
-        run_worker(cfg, report, should_stop, may_step if allowed is not None else None)
+        run_worker(cfg, report, should_stop, may_step if counts is not None else None)
     except BaseException:
         q.put(("error", w, traceback.format_exc()))
         raise SystemExit(1) from None
@@ -110,7 +114,9 @@ def _spawn(cfgs: list[WorkerConfig], *, limited: bool) -> tuple[Any, Any, Any, A
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     stop = ctx.Event()
-    counts = ctx.Array("q", len(cfgs), lock=False)
+    # steps per actor and the limit (ActorPool only); may_step checks and counts under the array's lock.
+    # The caller keeps both alive while the processes run (a child rebuilds the lock from its name).
+    counts = ctx.Array("q", len(cfgs)) if limited else None
     allowed = ctx.Value("q", -1, lock=False) if limited else None
     procs = [ctx.Process(target=_worker_process, args=(c, q, stop, counts, allowed), name=f"mmreplay-actor-{c.worker}",
                          daemon=True) for c in cfgs]

@@ -191,7 +191,10 @@ def test_eps_greedy_policy_from_a_policy_file(tmp_path):
     with mmreplay.open_store(tmp_path / "g") as store:
         b = store.transitions(store.transition_ids())
         assert store.provenance()[-1]["policy"] == f"eps-greedy:{pol}:0"
-    np.testing.assert_array_equal(load_policy(pol).act(b.obs), b.action)  # greedy: every action is the net's
+    q = load_policy(pol).q_values(b.obs)
+    clear = np.abs(q[:, 0] - q[:, 1]) > 1e-5  # a near-tie may flip between batch shapes (different matmul kernels)
+    assert clear.mean() > 0.95
+    np.testing.assert_array_equal(q.argmax(1)[clear], b.action[clear])  # greedy: every action is the net's
 
 
 def test_actor_pool_respects_the_limit_and_follows_new_weights(tmp_path):
