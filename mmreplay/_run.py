@@ -262,9 +262,11 @@ class Run:
         return c.target_return is not None and mean >= c.target_return
 
     def maybe_checkpoint(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
-                         epsilon: float | None, force: bool = False) -> None:
+                         epsilon: float | None, force: bool = False, writer: Any = None) -> None:
         if not force and self.step < self.next_ckpt:
             return
+        if writer is not None:
+            writer.publish()  # the store holds (visibly) every env step the checkpoint counts
         self.next_ckpt = next_multiple(self.step, self.cfg.checkpoint_every) if self.cfg.checkpoint_every else math.inf
         save = getattr(sampler, "save", None)
         if save is not None and not self.cfg.offline:

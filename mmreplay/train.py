@@ -252,7 +252,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
                     run.profile_step()
             run.maybe_log(learner, epsilon)
             stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id)
-            run.maybe_checkpoint(learner, sampler, rng, epsilon)
+            run.maybe_checkpoint(learner, sampler, rng, epsilon, writer=writer)
         writer.close(last_obs=flatten_obs(obs) if isinstance(obs, dict) else obs)
         return run.finish(learner, sampler, rng, epsilon, cfg.eval_env or cfg.env_id, stopped)
     finally:
