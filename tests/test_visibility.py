@@ -67,7 +67,7 @@ def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(store):
     loop), publishes them within the interval, and a close() racing its wake-up never hangs."""
     import time
 
-    w = store.writer(lanes=4, publish_rows=64, publish_interval_s=0.02)
+    w = store.writer(lanes=4, publish_rows=64, publish_interval_s=0.3)  # long: the flag is checked before it
     other = mmreplay.open_store(store.path, mode="r")
     w.add_batch({k: np.stack([step(4, t)[k] for t in range(16)]) for k in step(4, 0)})  # 64 rows
     assert not w._wake.is_set()  # a full group published itself: nothing for the thread to do
