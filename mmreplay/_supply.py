@@ -4,10 +4,10 @@ Making a segment (the store-wide allocation lock, eviction, ``posix_fallocate``,
 pre-faulting its pages) costs milliseconds; making a sealed one durable costs a disk write. Both
 run in background threads so that the append path only swaps pointers:
 
-* the writer makes its first segment (pre-faulted: its appends then cost no page-cache
-  allocation, like a buffer allocated up front) at its first append, and the next one in the
-  background once the current one is half full, so a writer holds at most one spare segment of
-  disk beyond the one it writes, and a short session makes no spare at all;
+* the writer makes its first segment when it opens (pre-faulted: its appends then cost no
+  page-cache allocation, like a buffer allocated up front), and each next one in the background
+  once the current one is half full, so a writer holds at most one spare segment of disk beyond
+  the one it writes, and a short session makes no spare at all;
 * ``prefetch()`` starts making the session's next segment in the background; ``next()`` hands
   out segments in chain order, waiting for the background one only if it is not ready yet;
   ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans segments fails
