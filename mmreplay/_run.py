@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .store import ReplayStore
     from .train import Learner, TrainConfig
     from .view import TransitionBatch
+    from .writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ class Run:
         return c.target_return is not None and mean >= c.target_return
 
     def maybe_checkpoint(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
-                         epsilon: float | None, force: bool = False, writer: Any = None) -> None:
+                         epsilon: float | None, force: bool = False, writer: Writer | None = None) -> None:
         if not force and self.step < self.next_ckpt:
             return
         if writer is not None:
