@@ -5,9 +5,10 @@ pre-faulting its pages) costs milliseconds; making a sealed one durable costs a 
 run in background threads so that the append path only swaps pointers:
 
 * the writer makes its first segment when it opens (pre-faulted: its appends then cost no
-  page-cache allocation, like a buffer allocated up front), and each next one in the background
-  once the current one is half full, so a writer holds at most one spare segment of disk beyond
-  the one it writes, and a short session makes no spare at all;
+  page-cache allocation, like a buffer allocated up front), the second in the background once
+  the first is half full, and each later one as soon as it takes the previous (a whole segment's
+  time to make it), so a writer holds at most one spare segment of disk beyond the one it
+  writes, and a short session makes no spare at all;
 * ``prefetch()`` starts making the session's next segment in the background; ``next()`` hands
   out segments in chain order, waiting for the background one only if it is not ready yet;
   ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans segments fails
