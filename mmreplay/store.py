@@ -65,19 +65,10 @@ _COUNTER_SLOT = 32
 OnFull = Literal["evict", "error"]
 
 
-def default_segment_records(schema: Schema, target_bytes: int = 32 << 20, capacity: int | None = None) -> int:
-    """Rows per segment (a multiple of 1024, at least 1024): a segment of about ``target_bytes``,
-    and with ``capacity``, at most about ``capacity / 8`` rows.
-
-    Eviction deletes whole segments, so a full store holds up to ``capacity`` + one segment + one
-    segment per writer: capped at an eighth of the capacity, segments keep that overshoot small
-    (a 10,000-row CartPole store would otherwise get 524,288-row segments, 50x its capacity).
-    """
+def default_segment_records(schema: Schema, target_bytes: int = 32 << 20) -> int:
+    """Rows per segment so that a segment is about ``target_bytes`` (a multiple of 1024)."""
     per_row = Layout.of(schema, 1).record_bytes + 16
-    rows = min(1 << 20, target_bytes // per_row // 1024 * 1024)
-    if capacity is not None:
-        rows = min(rows, -(-int(capacity) // 8192) * 1024)
-    return int(max(1024, rows))
+    return int(min(1 << 20, max(1024, target_bytes // per_row // 1024 * 1024)))
 
 
 def create_store(
@@ -98,22 +89,19 @@ def create_store(
         deleted while the others still hold at least ``capacity`` rows (``on_full="evict"``),
         or ``StoreFullError`` is raised (``on_full="error"``).
     segment_records
-        Rows per segment file (default: about 32 MiB per segment, at most about ``capacity / 8``
-        rows, at least 1,024). A writer with ``lanes`` lanes uses ``segment_records // lanes * lanes``
-        of them.
+        Rows per segment file (default: about 32 MiB per segment). A writer with ``lanes``
+        lanes uses ``segment_records // lanes * lanes`` of them.
     metadata
         JSON-serialisable facts about the data (env id, policy, seeds), kept in the manifest.
     """
     p = Path(path)
     if not isinstance(schema, Schema):
         raise SchemaError(f"`schema` must be a mmreplay.Schema, got {type(schema).__name__}")
-    if capacity < 1:
-        raise ValueError(f"`capacity` must be >= 1, got {capacity}")
-    if segment_records is None:
-        segment_records = default_segment_records(schema, capacity=capacity)
-    segment_records = int(segment_records)
+    segment_records = default_segment_records(schema) if segment_records is None else int(segment_records)
     if segment_records < 1:
         raise ValueError(f"`segment_records` must be >= 1, got {segment_records}")
+    if capacity < 1:
+        raise ValueError(f"`capacity` must be >= 1, got {capacity}")
     if on_full not in ("evict", "error"):
         raise ValueError(f"`on_full` must be 'evict' or 'error', got {on_full!r}")
     try:

@@ -58,8 +58,7 @@ class TrainConfig:
     capacity: int = 1_000_000
     """Rows the store keeps (oldest segments evicted beyond it) when the run creates it."""
     segment_records: int | None = None
-    """Rows per segment file when the run creates the store (``None``: about 32 MiB, at most about
-    ``capacity / 8`` rows)."""
+    """Rows per segment file when the run creates the store (``None``: about 32 MiB)."""
     learning_rate: float = 2.3e-3
     """Adam learning rate."""
     batch_size: int = 64

@@ -205,20 +205,6 @@ def test_eviction_keeps_capacity_and_never_reaches_deleted_rows(tmp_path, schema
     s.close()
 
 
-def test_default_segments_follow_a_small_capacity(tmp_path, schema):
-    """A 10,000-row store gets segments of ~capacity/8 rows (not ~32 MiB: 50x the capacity), so
-    a full store stays within capacity + one segment + one per writer of what was asked."""
-    s = mmreplay.create_store(tmp_path / "s", schema, capacity=10_000)
-    assert s.segment_records == 2048
-    with s.writer(lanes=4) as w:
-        w.add_batch({k: np.stack([step(4, t)[k] for t in range(10_000)]) for k in step(4, 0)})  # 40,000 rows
-    assert 10_000 <= s.num_rows <= 10_000 + 2 * 2048 and s.info()["evicted_segments"] > 0
-    s.close()
-    big = mmreplay.create_store(tmp_path / "b", schema, capacity=100_000_000)
-    assert big.segment_records == mmreplay.store.default_segment_records(schema) > 2048  # ~32 MiB
-    big.close()
-
-
 def test_on_full_error(tmp_path, schema):
     s = mmreplay.create_store(tmp_path / "s", schema, capacity=16, segment_records=16, on_full="error")
     w = s.writer(lanes=1)
