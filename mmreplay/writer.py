@@ -496,7 +496,7 @@ class Writer:
                 self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
         elif not self._wake.is_set():
             self._wake.set()  # the publisher publishes these rows if no add comes within the interval
-        if self._supply.idle and (2 * n >= self.usable or seg.header.chain_index > 0):
+        if (2 * n >= self.usable or seg.header.chain_index > 0) and self._supply.idle:
             # the next segment is made in the background: from half of the first one (a short
             # session makes no spare), then as soon as a segment is taken (a whole segment's time
             # to make the next one). The eviction it runs counts every row written so far.
