@@ -342,3 +342,21 @@ def test_reader_grows_its_address_range_past_the_initial_windows(tmp_path, schem
     for w in writers:
         w.close()
     s.close()
+
+
+def test_next_segment_is_ordered_at_half_of_the_first_then_at_each_roll(tmp_path, schema):
+    """A short session makes no spare; after its first segment a writer orders the next one as
+    soon as it takes a segment (a whole segment's time to make it, not half)."""
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=64)
+    w = s.writer(lanes=1)
+    for t in range(31):
+        w.add(**step(1, t))
+    assert w._supply.idle  # 31 of 64 rows: nothing ordered yet
+    w.add(**step(1, 31))
+    assert not w._supply.idle  # half of the first segment: the second is being made
+    for t in range(32, 65):
+        w.add(**step(1, t))  # row 64 is the first of the second segment
+    assert w._seg.header.chain_index == 1 and w._n == 1 and not w._supply.idle  # the third is ordered at once
+    w.close()
+    assert s.num_rows == 65 and len(list((tmp_path / "s" / "segments").iterdir())) == 2  # the spare is gone
+    s.close()
