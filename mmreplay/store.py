@@ -258,6 +258,7 @@ class ReplayStore:
                                   on_corrupt=on_corrupt, verify=verify)
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
+        self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
         self.reader.refresh()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -342,13 +343,21 @@ class ReplayStore:
         """
         sealed: list[tuple[int, str, int]] = []
         held = pending_rows
-        for name in sorted(os.listdir(self.segments_dir)):
+        names = sorted(os.listdir(self.segments_dir))
+        known = self._sealed_rows  # a sealed segment never changes: its control page is read once
+        for gone in known.keys() - set(names):
+            del known[gone]
+        for name in names:
             parsed = parse_segment_name(name)
             if parsed is None:
                 continue
-            state, committed, _ = self._segment_state(self.segments_dir / name)
+            committed = known.get(name)
+            if committed is None:
+                state, committed, _ = self._segment_state(self.segments_dir / name)
+                if state == STATE_SEALED:
+                    known[name] = committed
             held += committed  # open segments' published rows count too (they cannot be evicted yet)
-            if state == STATE_SEALED:
+            if name in known:
                 sealed.append((parsed[0], name, committed))
         if self.on_full == "error" and not sealed and pending_rows > self.capacity:
             raise StoreFullError(f"{self.path} would hold {pending_rows} rows from one batch, capacity {self.capacity}, "
@@ -366,6 +375,7 @@ class ReplayStore:
             if _failpoint.ACTIVE:
                 _failpoint.hit("mid_evict")
             doomed.unlink()
+            known.pop(name, None)
             held -= committed
             evicted.append(sid)
         if evicted:

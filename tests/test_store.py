@@ -360,3 +360,40 @@ def test_next_segment_is_ordered_at_half_of_the_first_then_at_each_roll(tmp_path
     w.close()
     assert s.num_rows == 65 and len(list((tmp_path / "s" / "segments").iterdir())) == 2  # the spare is gone
     s.close()
+
+
+def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(tmp_path, schema, monkeypatch):
+    """Sealed segments never change, so eviction remembers their row counts; segments another
+    handle evicted drop out of that memory, and the capacity bound holds throughout."""
+    mmreplay.create_store(tmp_path / "s", schema, capacity=256, segment_records=64).close()
+    a, b = mmreplay.open_store(tmp_path / "s", mode="a"), mmreplay.open_store(tmp_path / "s", mode="a")
+    from mmreplay._format import STATE_SEALED
+
+    reads = []  # (handle, segment, read as sealed)
+    real = mmreplay.store.ReplayStore._segment_state
+
+    def spy(self, path):
+        out = real(self, path)
+        reads.append((id(self), path.name, out[0] == STATE_SEALED))
+        return out
+
+    monkeypatch.setattr(mmreplay.store.ReplayStore, "_segment_state", spy)
+    wa, wb = a.writer(lanes=1), b.writer(lanes=1)
+    for t in range(1000):
+        (wa if t % 200 < 100 else wb).add(**step(1, t))  # the handles take turns, 100 rows each
+    wa.close()
+    wb.close()
+    on_disk = {p.name for p in (tmp_path / "s" / "segments").iterdir()}
+    for h in (a, b):
+        h.evict_for_new_segment()
+        assert set(h._sealed_rows) <= on_disk  # evicted segments were forgotten
+    seen_sealed, again = set(), []
+    for handle, name, sealed in reads:
+        if (handle, name) in seen_sealed:
+            again.append(name)  # read again by a handle that already knew it sealed
+        if sealed:
+            seen_sealed.add((handle, name))
+    assert not again and len(seen_sealed) > 4 and a.info()["evicted_segments"] > 0
+    assert 256 <= b.num_rows <= 256 + 64 + 2 * 64
+    a.close()
+    b.close()
