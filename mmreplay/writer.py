@@ -489,18 +489,18 @@ class Writer:
         now = time.monotonic()
         if self._staged_at == 0.0:
             self._staged_at = now  # the oldest unpublished row's time
-        if (n == self.usable or n - self._pub >= self._pub_rows or self.durability == "batch"
+        # the next segment is made in the background: from half of the first one (a short session
+        # makes no spare), then as soon as a segment is taken (a whole segment's time to make the
+        # next one); rows are published first, so the eviction it runs counts every row written
+        order_next = (2 * n >= self.usable or seg.header.chain_index > 0) and self._supply.idle
+        if (order_next or n == self.usable or n - self._pub >= self._pub_rows or self.durability == "batch"
                 or now - self._staged_at >= self.publish_interval_s):  # rows waited long enough
             self._publish()
             if n == self.usable:
                 self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
         elif not self._wake.is_set():
             self._wake.set()  # the publisher publishes these rows if no add comes within the interval
-        if (2 * n >= self.usable or seg.header.chain_index > 0) and self._supply.idle:
-            # the next segment is made in the background: from half of the first one (a short
-            # session makes no spare), then as soon as a segment is taken (a whole segment's time
-            # to make the next one). The eviction it runs counts every row written so far.
-            self._publish()
+        if order_next:
             self._supply.prefetch()
         self.store._dirty = True
 

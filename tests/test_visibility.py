@@ -62,11 +62,13 @@ def test_idle_writer_rows_reach_another_process(store):
     w.close()
 
 
-def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(store):
+def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(tmp_path, schema):
     """The publisher thread wakes only while rows wait unpublished (a timer would slow the actor
     loop), publishes them within the interval, and a close() racing its wake-up never hangs."""
     import time
 
+    # segments large enough that no add below orders a next segment (which publishes at once)
+    store = mmreplay.create_store(tmp_path / "big", schema, segment_records=1024)
     w = store.writer(lanes=4, publish_rows=64, publish_interval_s=0.3)  # long: the flag is checked before it
     other = mmreplay.open_store(store.path, mode="r")
     w.add_batch({k: np.stack([step(4, t)[k] for t in range(16)]) for k in step(4, 0)})  # 64 rows
@@ -101,6 +103,7 @@ def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(store):
     assert not w._publisher.is_alive(), "the publisher missed close()'s signal (close() would hang)"
     w.close()
     assert store.num_rows == 69
+    store.close()
 
 
 def test_batch_durability_publishes_every_add(store):
