@@ -133,10 +133,12 @@ def main() -> None:
     args = ap.parse_args()
     steps = 40_000 if args.quick else args.steps
     E = args.envs_per_actor
-    import ray
+    from mmreplay.cluster import start_local_ray
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=max(os.cpu_count() or 1, max(args.actors)), include_dashboard=False, configure_logging=False)
+    start_local_ray(max(os.cpu_count() or 1, max(args.actors)))  # loopback only, like `collect --ray`
+    import ray
+
     print(f"local Ray started in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} cores", flush=True)
     tmp = tempfile.mkdtemp(prefix="mmreplay-bench-cluster-", dir="/var/tmp")
     try:

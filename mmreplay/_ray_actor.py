@@ -26,12 +26,14 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._local_ray import start_local_ray
 from .actors import Policy, PolicySpec
 
 if TYPE_CHECKING:
@@ -228,15 +230,16 @@ def actor_class(num_cpus: float, max_restarts: int) -> Any:
 
 
 def ensure_ray(address: str | None, num_cpus: int) -> bool:
-    """Connect to ``address`` ("auto", "ray://host:10001", ...) or start a local instance; True if
-    this call started Ray (the caller shuts it down)."""
-    import ray
-
-    if ray.is_initialized():
+    """Connect to ``address`` ("auto", "ray://host:10001", ...) or start a local instance that
+    listens on loopback only (:func:`mmreplay._local_ray.start_local_ray`); True if this call
+    started Ray (the caller shuts it down). An instance the caller already started is used as is."""
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return False
     if address in (None, "", "local"):
-        ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+        start_local_ray(num_cpus)
     else:
+        import ray
+
         ray.init(address=address, configure_logging=False)
     return True
 

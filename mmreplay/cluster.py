@@ -35,7 +35,8 @@ learner's ingestion ``_shipping.py``):
   share (its predecessor's shipped rows still count for the learner).
 * ``ray`` is imported inside functions: ``import mmreplay`` (and this module) never loads it.
   Without an address a local Ray instance is started (and shut down again), so the whole path
-  runs and is tested on one machine.
+  runs and is tested on one machine. It listens on loopback only, with the dashboard off
+  (:func:`start_local_ray`, whose docstring says what happens when Ray was imported first).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ._fleet import Fleet
+from ._local_ray import start_local_ray
 from ._ray_actor import ActorSpec
 from ._shipping import IngestReport, archive_urls, ingest_archives, read_ledger
 from .actors import CollectResult, Policy, PolicySpec
@@ -76,6 +78,7 @@ __all__ = [
     "ingest_archives",
     "ray_collect",
     "read_ledger",
+    "start_local_ray",
 ]
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "FormatVersionError",
     "InvalidValueError",
     "MMReplayError",
+    "RayNotLoopbackError",
     "ReadOnlyStoreError",
     "SchemaError",
     "StoreClosedError",
@@ -137,6 +138,12 @@ class DiskFullError(MMReplayError, OSError):
         MMReplayError.__init__(self, message, hint=hint)
         self.errno = err
         self.strerror = message
+
+
+class RayNotLoopbackError(MMReplayError, RuntimeError):
+    """A local Ray instance would listen on (or came up on) a non-loopback address; none is left running."""
+
+    hint = "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before starting Python, or call ray.init() yourself"
 
 
 class ArchiveError(MMReplayError):

@@ -5,6 +5,7 @@ The ingestion tests need no Ray; the Ray tests start one local Ray instance for 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import pytest
 
 import mmreplay
 from mmreplay.archive import export_archive, import_archive
-from mmreplay.cluster import archive_urls, ingest_archives, read_ledger
+from mmreplay.cluster import archive_urls, ingest_archives, read_ledger, start_local_ray
 
 pytest.importorskip("zarr")
 
@@ -218,9 +219,12 @@ def test_import_mmreplay_cluster_does_not_import_ray():
 # -- Ray ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}})
+    if importlib.util.find_spec("ray") is None:  # not importorskip: mmreplay must import Ray first
+        pytest.skip("ray is not installed")
+    start_local_ray(4, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS),
+                                                                                os.environ.get("PYTHONPATH", "")])}})
+    import ray
+
     yield ray
     ray.shutdown()
 
