@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 import mmreplay
-from mmreplay.tiers import tier_summary
+from mmreplay.storage.info import tier_summary
 
 H = W = 84
 STACK = 4
@@ -263,7 +263,7 @@ def work_pair(cfg: dict) -> dict:
 
 def work_disk(cfg: dict) -> dict:
     """Random reads of one transition's footprint at depth 1 and 32 (compiled preads, no GIL)."""
-    from mmreplay.sampler import _kernels
+    from mmreplay.sampling.uniform import _kernels
 
     pread_at = _kernels().pread_at
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from mmreplay.actors import collect
-from mmreplay.envs import make_vec_env
+from mmreplay.agent.envs import make_vec_env
 
 
 def _env_only(env_id: str, steps: int, envs: int, seed: int, out) -> None:  # noqa: ANN001

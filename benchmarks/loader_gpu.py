@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 import mmreplay
-from mmreplay._run import to_tensors
+from mmreplay.train._run import to_tensors
 from mmreplay.agent import network_spec
 from mmreplay.train import Learner
-from mmreplay.trainconfig import TrainConfig
+from mmreplay.train.config import TrainConfig
 
 
 def fill(path: str, rows: int) -> mmreplay.ReplayStore:

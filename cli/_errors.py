@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from mmreplay.errors import MMReplayError
+from mmreplay.core.errors import MMReplayError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -77,7 +77,7 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
         click.echo(f"exported {r.segments_written} segments ({r.rows_written:,} rows) to {r.url}; "
                    f"archive holds {r.segments} segments, {r.rows:,} rows")
     else:
-        from mmreplay.minari import export_minari
+        from mmreplay.interop.minari import export_minari
 
         with _progress(progress, "episode") as cb:
             try:
@@ -118,7 +118,7 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
         click.echo(f"imported {r.segments_written} segments ({r.rows_written:,} rows) into {r.path}; "
                    f"it holds {r.segments} archived segments, {r.rows:,} rows")
     elif fmt == "minari":
-        from mmreplay.minari import import_minari
+        from mmreplay.interop.minari import import_minari
 
         with _progress(progress, "episode") as cb:
             try:
@@ -127,7 +127,7 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
                 raise click.ClickException(str(exc)) from None
         click.echo(f"imported {m.episodes:,} episodes ({m.steps:,} steps) from {m.dataset_id} into {store_path}")
     else:
-        from mmreplay.dopamine import import_dopamine
+        from mmreplay.interop.dopamine import import_dopamine
 
         try:
             ns = [int(x) for x in checkpoints.split(",")] if checkpoints else None

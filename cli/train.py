@@ -185,7 +185,7 @@ def plot_cmd(run_dir: str, out: str | None, title: str | None) -> None:
       mmreplay plot runs/CartPole-v1__dqn__s1
       mmreplay plot runs/cp --out cp.png --title "CartPole DQN"
     """
-    from mmreplay.runlog import plot_run
+    from mmreplay.train.runlog import plot_run
 
     try:
         path = plot_run(run_dir, out, title=title)

@@ -6,10 +6,10 @@ the modules that need them.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .core.version import __version__
 
-from .actors import ActorPool, CollectResult, PolicySpec, collect  # noqa: E402  (gymnasium loads in the workers)
-from .errors import (  # noqa: E402
+from .actors.pool import ActorPool, CollectResult, PolicySpec, collect  # noqa: E402  (gymnasium loads in the workers)
+from .core.errors import (  # noqa: E402
     ArchiveError,
     CorruptArchiveError,
     CorruptSegmentError,
@@ -30,13 +30,13 @@ from .errors import (  # noqa: E402
     WriterFailedError,
 )
 from .loader import BatchLoader, TensorBatch  # noqa: E402  (torch is imported when a loader is made)
-from .prioritized import PrioritizedSampler  # noqa: E402
-from .sampler import TransitionSampler, UniformSampler  # noqa: E402
-from .schema import Field, Schema  # noqa: E402
-from .sequence import SequenceBatch, SequenceSampler  # noqa: E402
-from .store import ReplayStore, create_store, open_store  # noqa: E402
-from .view import TransitionBatch  # noqa: E402
-from .writer import Writer  # noqa: E402
+from .sampling.prioritized import PrioritizedSampler  # noqa: E402
+from .sampling.uniform import TransitionSampler, UniformSampler  # noqa: E402
+from .core.schema import Field, Schema  # noqa: E402
+from .sampling.sequence import SequenceBatch, SequenceSampler  # noqa: E402
+from .storage.store import ReplayStore, create_store, open_store  # noqa: E402
+from .storage.view import TransitionBatch  # noqa: E402
+from .storage.writer import Writer  # noqa: E402
 
 __all__ = [
     "ActorPool",
@@ -80,7 +80,7 @@ __all__ = [
 
 # Archive and interop functions load on first use (they import zarr / minari lazily as well).
 _LAZY = {"export_archive": "archive", "import_archive": "archive", "open_archive": "archive",
-         "export_minari": "minari", "import_minari": "minari", "import_dopamine": "dopamine",
+         "export_minari": "interop.minari", "import_minari": "interop.minari", "import_dopamine": "interop.dopamine",
          "ray_collect": "cluster", "RayActorPool": "cluster", "ingest_archives": "cluster"}
 __all__ += sorted(_LAZY)
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .sampler import TransitionSampler
+    from .sampling.uniform import TransitionSampler
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("ray")  # only to skip: the subprocesses below import Ray through mmreplay
+if importlib.util.find_spec("ray") is None:  # not importorskip: Ray must be first imported by mmreplay
+    pytest.skip("ray is not installed", allow_module_level=True)
 
 _LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
 
@@ -76,7 +78,7 @@ def test_ray_imported_first_is_refused_not_exposed():
     code = textwrap.dedent('''
         import ray
         from mmreplay.cluster import start_local_ray
-        from mmreplay.errors import RayNotLoopbackError
+        from mmreplay.core.errors import RayNotLoopbackError
         try:
             start_local_ray(1)
         except RayNotLoopbackError as e:

@@ -1,0 +1,465 @@
+"""Actors: processes that step gymnasium vector envs and append every step to a store.
+
+:func:`collect` is the library form of ``mmreplay collect``; :class:`ActorPool` runs the same
+actors for an online trainer, without a step budget, under a samples-per-insert limit.
+
+Invariants:
+
+* Each worker is a **spawned** process (never forked) with its own vector env of ``E`` copies and
+  its own :class:`~mmreplay.Writer`; workers share nothing but the store directory, so two
+  ``collect`` runs (or two terminals) on one store just add data.
+* What the store holds is exactly what the env emitted. With gymnasium's default next-step
+  autoreset one writer with ``E`` lanes stores each vector step as one row per lane (the row after
+  a done is the episode's final observation). Same-step autoreset and disabled autoreset emit two
+  rows for a lane that ends an episode (its last transition and its final observation from
+  ``info["final_obs"]``); lanes then drift apart in time, so those modes use one single-lane writer
+  per env copy. Termination and truncation are kept apart in every mode.
+* Every published row survives Ctrl-C (workers are told to stop, finish their step and close
+  their writers, keeping the final observations) and a crash of any other worker. A worker also
+  stops when its parent dies. A crashed worker is reported; the others finish.
+* Seeds: env copy ``j`` of worker ``w`` is reset with ``seed + w * E + j`` and the random policy's
+  action space with ``seed + w``; the seed, env id, spaces, policy and mmreplay version of every run
+  go to a provenance record in the store (:meth:`ReplayStore.provenance`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import queue as queue_mod
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..agent.envs import AutoresetName
+from .worker import Policy, PolicySpec, WorkerConfig, run_worker
+
+__all__ = ["ActorPool", "CollectResult", "Policy", "PolicySpec", "WorkerConfig", "collect", "open_or_create",
+           "run_worker"]
+
+
+@dataclasses.dataclass
+class CollectResult:
+    """What a collect run stored, per run and per worker."""
+
+    steps: int
+    """Env steps stored (rows written, one per env copy per vector step)."""
+    transitions: int
+    """Of those, steps that are sampleable transitions (the autoreset steps of next-step mode are not)."""
+    episodes: int
+    episode_returns: list[float]
+    seconds: float
+    bytes_written: int
+    seed: int
+    interrupted: bool = False
+    errors: dict[int, str] = dataclasses.field(default_factory=dict)
+    provenance: str | None = None
+    loop_seconds: float = 0.0
+    """The longest worker's stepping loop (no process start-up, env creation or store opening)."""
+    loop_cpu_seconds: float = 0.0
+    """CPU time of the workers' stepping loops, summed (every thread of each worker process)."""
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+
+# -- processes -----------------------------------------------------------------------------
+def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C goes to the group
+    parent = os.getppid()
+    w = cfg.worker
+
+    def report(kind: str, payload: Any) -> None:
+        q.put((kind, w, payload))
+
+    def should_stop() -> bool:
+        return stop.is_set() or os.getppid() != parent
+
+    if counts is not None:
+        lock, raw = counts.get_lock(), counts.get_obj()
+
+    def may_step(n: int) -> bool:  # counts steps as they are taken: the limit is exact, not per report
+        if stop.is_set():  # no step after stop()
+            return False
+        limit = allowed.value
+        with lock:  # check and count as one step: two actors must not both pass the check at the limit
+            if limit >= 0 and sum(raw) + n > limit:
+                return False
+            raw[w] += n
+        return True
+
+    try:
+        run_worker(cfg, report, should_stop, may_step if counts is not None else None)
+    except BaseException:
+        q.put(("error", w, traceback.format_exc()))
+        raise SystemExit(1) from None
+    q.put(("exit", w, None))
+
+
+def _spawn(cfgs: list[WorkerConfig], *, limited: bool) -> tuple[Any, Any, Any, Any, list[Any]]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    stop = ctx.Event()
+    # steps per actor and the limit (ActorPool only); may_step checks and counts under the array's lock.
+    # The caller keeps both alive while the processes run (a child rebuilds the lock from its name).
+    counts = ctx.Array("q", len(cfgs)) if limited else None
+    allowed = ctx.Value("q", -1, lock=False) if limited else None
+    procs = [ctx.Process(target=_worker_process, args=(c, q, stop, counts, allowed), name=f"mmreplay-actor-{c.worker}",
+                         daemon=True) for c in cfgs]
+    for p in procs:
+        p.start()
+    return q, stop, counts, allowed, procs
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _env_spaces(env: str | Callable[[], Any], atari: bool | None, max_episode_steps: int | None,
+                terminal_on_life_loss: bool, sticky_actions: float | None) -> tuple[Any, Any, dict[str, Any]]:
+    from ..agent.envs import make_env
+
+    e = (make_env(env, atari=atari, max_episode_steps=max_episode_steps, terminal_on_life_loss=terminal_on_life_loss,
+                  sticky_actions=sticky_actions) if isinstance(env, str) else env())
+    try:
+        spec = e.spec.to_json() if e.spec is not None else None
+    except Exception:  # an env spec with unpicklable kwargs cannot be written as JSON
+        spec = None
+    try:
+        return e.observation_space, e.action_space, {"env_spec": spec}
+    finally:
+        e.close()
+
+
+def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_space: Any, *,
+                   capacity: int = 1_000_000, metadata: dict[str, Any] | None = None,
+                   segment_records: int | None = None) -> Any:
+    """Open the store at ``path`` for appending, or create it from the spaces if it does not exist.
+
+    An existing store must have the schema the spaces give (``SchemaError`` lists the
+    differences); two processes creating it at once both end up appending to one store.
+    """
+    from ..core.errors import SchemaError, StoreExistsError
+    from ..core.schema import Schema
+    from ..storage.store import create_store, open_store
+
+    schema = Schema.from_spaces(observation_space, action_space)
+    p = Path(path)
+    if not p.exists():
+        try:
+            return create_store(p, schema, capacity, metadata=metadata, segment_records=segment_records)
+        except StoreExistsError:
+            pass
+    store = open_store(p, mode="a")
+    if store.schema.hash != schema.hash:
+        have = {f.name: (str(f.dtype), f.shape) for f in store.schema.fields}
+        want = {f.name: (str(f.dtype), f.shape) for f in schema.fields}
+        diff = [f"{n}: store {have.get(n)} vs env {want.get(n)}" for n in sorted(set(have) | set(want))
+                if have.get(n) != want.get(n)]
+        store.close()
+        raise SchemaError(f"{p} holds a different schema than this env produces ({'; '.join(diff)})")
+    return store
+
+
+def collect(
+    env: str | Callable[[], Any],
+    store: str | os.PathLike[str],
+    steps: int,
+    *,
+    workers: int = 1,
+    envs_per_worker: int = 1,
+    policy: str | PolicySpec | Policy = "random",
+    seed: int | None = None,
+    atari: bool | None = None,
+    capacity: int = 1_000_000,
+    durability: Literal["process", "segment", "batch"] = "segment",
+    max_episode_steps: int | None = None,
+    autoreset_mode: AutoresetName = "next_step",
+    terminal_on_life_loss: bool = False,
+    sticky_actions: float | None = None,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> CollectResult:
+    """Fill ``store`` (created from the env's spaces if missing) with ``steps`` env steps.
+
+    Parameters
+    ----------
+    env
+        A gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``) or a picklable callable returning an env.
+    steps
+        Env steps to store in total (each worker stores its share, rounded up to whole vector
+        steps of ``envs_per_worker``).
+    workers
+        Spawned worker processes, each with its own vector env and writer. ``0`` runs one worker
+        in this process (for policies that cannot be pickled).
+    policy
+        ``"random"``, ``"eps-greedy:CHECKPOINT[:EPS]"``, a :class:`PolicySpec`, or a callable
+        mapping a batch of observations to a batch of actions.
+    seed
+        Base seed (``None``: a fresh random one, recorded in the provenance record).
+    autoreset_mode
+        The vector env's autoreset mode; every mode stores the same episodes.
+    progress
+        Show a progress bar (default: when stderr is a terminal).
+
+    Returns a :class:`CollectResult`. On ``KeyboardInterrupt`` workers stop, keep what they
+    wrote, and the result has ``interrupted=True``. A crashed worker is listed in ``errors``.
+    """
+    if steps < 1:
+        raise ValueError(f"`steps` must be >= 1, got {steps}")
+    if workers < 0 or envs_per_worker < 1:
+        raise ValueError(f"need workers >= 0 and envs_per_worker >= 1, got {workers} and {envs_per_worker}")
+    if isinstance(policy, str):
+        policy = PolicySpec.parse(policy)
+    if workers > 0 and not isinstance(policy, PolicySpec):
+        try:
+            pickle.dumps(policy)
+        except Exception as exc:
+            raise ValueError(f"a policy callable must be picklable to run in worker processes (or use workers=0): {exc}"
+                             ) from None
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**31))
+    from ..core.version import __version__
+
+    obs_space, act_space, extra = _env_spaces(env, atari, max_episode_steps, terminal_on_life_loss, sticky_actions)
+    env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+    base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
+            "mmreplay_version": __version__, **extra}
+    st = open_or_create(store, obs_space, act_space, capacity=capacity, metadata={**base, **(metadata or {})})
+    n_workers = max(workers, 1)
+    shares = _split(steps, n_workers)
+    cfgs = [WorkerConfig(w, env, str(st.path), -(-shares[w] // envs_per_worker) * envs_per_worker, envs_per_worker,
+                         seed, policy, atari, max_episode_steps, autoreset_mode, durability, terminal_on_life_loss,
+                         sticky_actions) for w in range(n_workers) if shares[w] > 0]
+    record = {**base, "kind": "collect", "status": "running", "workers": workers, "envs_per_worker": envs_per_worker,
+              "policy": str(policy) if isinstance(policy, PolicySpec) else "callable", "seed": seed,
+              "env_seeds": [[seed + c.worker * envs_per_worker + j for j in range(envs_per_worker)] for c in cfgs],
+              "steps_requested": steps, "autoreset_mode": autoreset_mode, "max_episode_steps": max_episode_steps,
+              "atari": atari, "durability": durability, "host": os.uname().nodename, "pid": os.getpid(),
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    name = st.record_provenance(record)
+    total = sum(c.steps or 0 for c in cfgs)
+    bar = _Progress(total, progress)
+    result = CollectResult(0, 0, 0, [], 0.0, 0, seed, provenance=name)
+    t0 = time.perf_counter()
+
+    def absorb(payload: dict[str, Any]) -> None:
+        result.steps += payload["steps"]
+        result.transitions += payload["transitions"]
+        result.episodes += payload["episodes"]
+        result.bytes_written += payload["bytes"]
+        result.episode_returns.extend(payload["returns"])
+        if payload["final"]:
+            result.loop_seconds = max(result.loop_seconds, payload["loop_s"])
+            result.loop_cpu_seconds += payload.get("loop_cpu_s", 0.0)
+        bar.update(payload["steps"], result)
+
+    try:
+        if workers == 0:
+            stop = threading.Event()
+            try:
+                run_worker(cfgs[0], lambda kind, p: absorb(p), stop.is_set)
+            except KeyboardInterrupt:
+                result.interrupted = True
+        else:
+            _run_processes(cfgs, absorb, result)
+    finally:
+        result.seconds = time.perf_counter() - t0
+        bar.close()
+        record.update(status="interrupted" if result.interrupted else ("failed" if result.errors else "done"),
+                      steps_stored=result.steps, episodes=result.episodes, seconds=round(result.seconds, 3),
+                      errors={str(k): v.splitlines()[-1] if v else "" for k, v in result.errors.items()},
+                      finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        with contextlib.suppress(Exception):
+            st.record_provenance(record, name)
+        st.close()
+    return result
+
+
+def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], None], result: CollectResult) -> None:
+    q, stop, _, _, procs = _spawn(cfgs, limited=False)
+    by_id = {c.worker: p for c, p in zip(cfgs, procs)}
+    running = set(by_id)
+
+    def drain(timeout: float) -> None:
+        try:
+            kind, w, payload = q.get(timeout=timeout)
+        except queue_mod.Empty:
+            return
+        if kind == "progress":
+            absorb(payload)
+        elif kind == "error":
+            result.errors[w] = payload
+        elif kind == "exit":
+            running.discard(w)
+
+    try:
+        while running:
+            drain(0.1)
+            for w in list(running):
+                p = by_id[w]
+                if not p.is_alive() and p.exitcode is not None:
+                    while not q.empty():  # take what it reported before it died
+                        drain(0.05)
+                    if w in running:
+                        running.discard(w)
+                        if p.exitcode != 0 and w not in result.errors:
+                            why = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+                            result.errors[w] = f"worker {w} died ({why})"
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        stop.set()
+        # keep draining while the workers close their writers: a worker exits only once its queue
+        # feeder has flushed into the pipe, so waiting without reading could stall both sides
+        deadline = time.monotonic() + 120
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            try:
+                drain(0.1)
+            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting; published rows are safe anyway
+                break
+        for p in procs:
+            if p.is_alive():  # pragma: no cover - a wedged env
+                p.kill()
+            p.join()
+        while not q.empty():
+            with contextlib.suppress(Exception):
+                drain(0.01)
+        q.close()
+
+
+class _Progress:
+    """A tqdm bar on a terminal (steps, steps/s, episodes, mean return, bytes); silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool | None) -> None:
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # pragma: no cover - tqdm is a dependency
+                return
+            self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+
+    def update(self, n: int, result: CollectResult) -> None:
+        if self.bar is None:
+            return
+        recent = result.episode_returns[-100:]
+        self.bar.set_postfix_str(
+            f"episodes={result.episodes} return={np.mean(recent):.1f} written={result.bytes_written / 2**20:.0f}MiB"
+            if recent else f"episodes={result.episodes} written={result.bytes_written / 2**20:.0f}MiB", refresh=False)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- actors for a trainer -----------------------------------------------------------------
+class ActorPool:
+    """Actor processes that fill a store for an online trainer, under a samples-per-insert limit.
+
+    Each actor acts ε-greedily with the policy file at ``policy_path`` (re-read when it changes;
+    ε from the file's ``meta["epsilon"]``) and appends to the store with its own writer. The
+    learner calls :meth:`allow` with the total env steps it is ready for; actors wait beyond it.
+
+    >>> pool = ActorPool("CartPole-v1", "/data/run/store", actors=2, policy_path="/data/run/policy.pt")
+    >>> pool.start(); pool.allow(10_000)  # doctest: +SKIP
+    """
+
+    def __init__(self, env_id: str, store_path: str | os.PathLike[str], *, actors: int, envs_per_actor: int = 1,
+                 policy_path: str | os.PathLike[str], seed: int = 0, atari: bool | None = None,
+                 max_episode_steps: int | None = None, durability: Literal["process", "segment", "batch"] = "segment",
+                 terminal_on_life_loss: bool = False) -> None:
+        if actors < 1:
+            raise ValueError(f"`actors` must be >= 1, got {actors}")
+        spec = PolicySpec("eps-greedy", str(policy_path), None, reload_s=0.2)
+        # rows are published every 16 vector steps: the learner samples data a few ms old
+        self.cfgs = [WorkerConfig(w, env_id, str(store_path), None, envs_per_actor, seed, spec, atari, max_episode_steps,
+                                  "next_step", durability, terminal_on_life_loss, gather_steps=16) for w in range(actors)]
+        self._procs: list[Any] = []
+        self._returns: deque[float] = deque(maxlen=1000)
+        self._episodes = 0
+        self.errors: dict[int, str] = {}
+
+    def start(self) -> ActorPool:
+        """Spawn the actors (each loads the policy file first: write it before starting)."""
+        self._q, self._stop, self._counts, self._allowed, self._procs = _spawn(self.cfgs, limited=True)
+        self._allowed.value = 0
+        return self
+
+    def allow(self, total_env_steps: int) -> None:
+        """Let the actors store up to ``total_env_steps`` env steps in all (a negative value: no limit)."""
+        self._allowed.value = int(total_env_steps)
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps stored so far by all actors (as last reported, within ~0.25 s)."""
+        return int(sum(self._counts[:])) if self._procs else 0
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, w, payload = self._q.get_nowait()
+            except (queue_mod.Empty, OSError, ValueError):
+                return
+            if kind == "progress":
+                self._returns.extend(payload["returns"])
+                self._episodes += payload["episodes"]
+            elif kind == "error":
+                self.errors[w] = payload
+
+    def episode_returns(self, last: int = 100) -> list[float]:
+        """Returns of the last ``last`` completed episodes (any actor)."""
+        self._drain()
+        return list(self._returns)[-last:]
+
+    @property
+    def episodes(self) -> int:
+        self._drain()
+        return self._episodes
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` with the traceback if an actor failed."""
+        self._drain()
+        for w, p in enumerate(self._procs):
+            if not p.is_alive() and p.exitcode not in (0, None) and w not in self.errors:
+                self.errors[w] = f"actor {w} died (exit code {p.exitcode})"
+        if self.errors:
+            w, tb = next(iter(self.errors.items()))
+            raise RuntimeError(f"actor {w} failed:\n{tb}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop every actor; each closes its writer, so every row it wrote stays in the store."""
+        if not self._procs:
+            return
+        self._stop.set()  # actors waiting on the limit see it within a millisecond
+        for p in self._procs:
+            p.join(timeout=timeout)
+            if p.is_alive():  # pragma: no cover
+                p.kill()
+                p.join()
+        self._drain()
+        self._q.close()
+        self._procs = []
+
+    def __enter__(self) -> ActorPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,425 @@
+"""One actor's loop: act in a gymnasium vector env and append every step to a store.
+
+:func:`run_worker` is what every actor runs, in a spawned process (:mod:`mmreplay.actors`), in a
+Ray actor (:mod:`mmreplay.cluster`) or in the calling process. Its policy is random, ε-greedy
+around a policy file (reloaded when the file changes, frame stacks kept per lane) or a callable.
+
+Invariants: what the store holds is exactly what the env emitted, in each gymnasium autoreset
+mode (see :mod:`mmreplay.actors`); the first step of a writer goes through full validation and
+small rows are gathered a few steps at a time into one ``add_batch`` (:class:`_StepBuffer`);
+writers are always closed with the final observations, also after a crash, and the progress
+made before a crash is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ..agent.envs import AutoresetName, flatten_obs
+
+Policy = Callable[[Any], Any]
+"""A policy callable: a batch of observations as the vector env returns them -> a batch of actions."""
+
+# -- policies -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """What the actors act with: ``random``, or ε-greedy around a policy file from ``mmreplay train``.
+
+    ``epsilon=None`` takes the ε recorded in the policy file (``meta["epsilon"]``; the online
+    trainer's current ε), else 0.05. The file is re-read whenever it changes on disk
+    (``reload_s`` is how often to look), so actors follow a learner that republishes its weights.
+    """
+
+    kind: Literal["random", "eps-greedy"] = "random"
+    path: str | None = None
+    epsilon: float | None = None
+    reload_s: float = 1.0
+
+    @classmethod
+    def parse(cls, text: str) -> PolicySpec:
+        """Parse ``random``, ``eps-greedy:CHECKPOINT`` or ``eps-greedy:CHECKPOINT:EPS``."""
+        if text == "random":
+            return cls()
+        kind, sep, rest = text.partition(":")
+        if kind not in ("eps-greedy", "epsilon-greedy", "greedy") or not sep or not rest:
+            raise ValueError(f"policy must be 'random', 'eps-greedy:CHECKPOINT' or 'eps-greedy:CHECKPOINT:EPS', got {text!r}")
+        eps: float | None = 0.0 if kind == "greedy" else None
+        head, _, tail = rest.rpartition(":")
+        if head:
+            try:
+                eps = float(tail)
+                rest = head
+            except ValueError:
+                pass  # a ':' inside the path
+        if eps is not None and not 0.0 <= eps <= 1.0:
+            raise ValueError(f"policy epsilon must be in [0, 1], got {eps}")
+        return cls("eps-greedy", rest, eps)
+
+    def __str__(self) -> str:
+        if self.kind == "random":
+            return "random"
+        return f"eps-greedy:{self.path}" + ("" if self.epsilon is None else f":{self.epsilon:g}")
+
+
+class _EpsGreedy:
+    """ε-greedy over a policy file, reloaded when the file changes; keeps frame stacks per lane."""
+
+    def __init__(self, spec: PolicySpec, action_space: Any, seed: int) -> None:
+        if spec.path is None:
+            raise ValueError("an eps-greedy policy needs a checkpoint path")
+        self.spec = spec
+        self.path = Path(spec.path)
+        self.action_space = action_space
+        self.rng = np.random.default_rng(seed)
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        self.policy: Any = None
+        self._stack: Any = None
+        self._load()
+
+    def _load(self) -> None:
+        from ..agent.policy import load_policy
+
+        st = self.path.stat()  # FileNotFoundError names the path
+        stamp = (st.st_ino, st.st_mtime_ns)
+        if stamp != self._stamp:
+            self.policy = load_policy(str(self.path))
+            self._stamp = stamp
+        self._checked = time.monotonic()
+
+    @property
+    def epsilon(self) -> float:
+        if self.spec.epsilon is not None:
+            return self.spec.epsilon
+        eps = self.policy.meta.get("epsilon")
+        return 0.05 if eps is None else float(eps)
+
+    def __call__(self, obs: Any, new_episode: np.ndarray) -> np.ndarray:
+        if time.monotonic() - self._checked > self.spec.reload_s:
+            with contextlib.suppress(OSError):  # a file being replaced: keep the weights we have
+                self._load()
+        x = flatten_obs(obs) if isinstance(obs, dict) else np.asarray(obs)
+        k = self.policy.frame_stack
+        if k > 1:  # the network sees k stacked single frames, clamped at episode starts
+            from ..agent.policy import FrameStack
+
+            if self._stack is None or self._stack.k != k:
+                self._stack = FrameStack(k)
+                x = self._stack.reset(x)
+            else:
+                x = self._stack.push(x, new_episode)
+        actions = np.asarray(self.policy.act(x))
+        n = len(new_episode)
+        explore = self.rng.random(n) < self.epsilon
+        if explore.any():
+            actions = actions.copy()
+            actions[explore] = np.asarray(self.action_space.sample())[explore]
+        return actions
+
+
+# -- one worker ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class WorkerConfig:
+    """Everything a worker process needs (picklable)."""
+
+    worker: int
+    env: str | Callable[[], Any]
+    store: str
+    steps: int | None  # env steps (rows) to store; None: until stopped
+    envs: int
+    seed: int
+    policy: PolicySpec | Policy
+    atari: bool | None
+    max_episode_steps: int | None
+    autoreset_mode: AutoresetName
+    durability: str
+    terminal_on_life_loss: bool = False
+    sticky_actions: float | None = None
+    report_s: float = 0.25
+    gather_steps: int = 256
+    """Most vector steps gathered before one ``add_batch`` (and at most 256 KiB): rows reach
+    readers that many steps late. A trainer's actors use a few (fresh data), ``collect`` many."""
+
+
+def _make_vec(cfg: WorkerConfig, copy: bool = True) -> Any:
+    from ..agent.envs import make_vec_env
+
+    if isinstance(cfg.env, str):
+        return make_vec_env(cfg.env, cfg.envs, atari=cfg.atari, max_episode_steps=cfg.max_episode_steps,
+                            autoreset_mode=cfg.autoreset_mode, terminal_on_life_loss=cfg.terminal_on_life_loss,
+                            sticky_actions=cfg.sticky_actions, copy=copy)
+    import gymnasium as gym
+
+    from ..agent.envs import _autoreset
+
+    return gym.vector.SyncVectorEnv([cfg.env] * cfg.envs, autoreset_mode=_autoreset(cfg.autoreset_mode), copy=copy)
+
+
+def _row(obs: Any, action: Any, reward: Any, term: Any, trunc: Any) -> dict[str, Any]:
+    return {**flatten_obs(obs), "action": action, "reward": reward, "terminated": term, "truncated": trunc}
+
+
+def _take(tree: Any, idx: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _take(v, idx) for k, v in tree.items()}
+    return np.asarray(tree)[idx]
+
+
+def run_worker(
+    cfg: WorkerConfig,
+    report: Callable[[str, Any], None],
+    should_stop: Callable[[], bool],
+    may_step: Callable[[int], bool] | None = None,
+) -> None:
+    """Run one actor: step a vector env, act, append to the store, report progress.
+
+    ``report(kind, payload)`` receives ``("progress", {...})`` about every ``report_s`` and at the
+    end. ``may_step(n)`` (optional) is asked before each vector step of ``n`` env steps; while it
+    is False the actor publishes what it gathered and waits (the trainer's samples-per-insert limit).
+    ``should_stop()`` is asked once per gathered block (at most ``gather_steps`` vector steps apart).
+    """
+    from ..storage.store import open_store
+
+    store = open_store(cfg.store, mode="a")
+    next_step = cfg.autoreset_mode.replace("-", "_") == "next_step"
+    disabled = cfg.autoreset_mode.replace("-", "_") == "disabled"
+    ours = isinstance(cfg.policy, PolicySpec)
+    # next-step with our own policies: the env's observation buffer is copied once, into the step
+    # buffer, before the step overwrites it (no deepcopy per step); a user's policy may keep references
+    envs = _make_vec(cfg, copy=not (next_step and ours))
+    E = cfg.envs
+    if ours and cfg.policy.kind == "eps-greedy":
+        act: Any = _EpsGreedy(cfg.policy, envs.action_space, cfg.seed + 7919 * (cfg.worker + 1))
+    elif ours:
+        envs.action_space.seed(cfg.seed + cfg.worker)
+        act = lambda obs, new: envs.action_space.sample()  # noqa: E731
+    else:
+        user = cfg.policy
+        act = lambda obs, new: user(obs)  # noqa: E731
+    # next-step: one writer, E lanes; same-step/disabled: lanes drift apart, one writer per copy
+    writers = [store.writer(lanes=E, durability=cfg.durability, cast="safe")] if next_step else [
+        store.writer(lanes=1, durability=cfg.durability, cast="safe") for _ in range(E)]
+    row_bytes = store.layout.record_bytes
+    stats = _Stats(E)
+    sent = {"steps": 0, "transitions": 0, "episodes": 0}
+    last_report = time.monotonic()
+
+    def flush_report(final: bool = False) -> None:
+        nonlocal last_report
+        delta = {k: getattr(stats, k) - sent[k] for k in sent}
+        delta["bytes"] = delta["steps"] * row_bytes
+        delta["returns"] = stats.returns
+        delta["final"] = final
+        delta["loop_s"] = time.perf_counter() - t_loop
+        delta["loop_cpu_s"] = time.process_time() - c_loop  # all of this process's threads
+        report("progress", delta)
+        sent.update({k: getattr(stats, k) for k in sent})
+        stats.returns = []
+        last_report = time.monotonic()
+
+    obs = None
+    buf: _StepBuffer | None = None
+    t_loop, c_loop = time.perf_counter(), time.process_time()
+    try:
+        obs, _ = envs.reset(seed=[cfg.seed + cfg.worker * E + j for j in range(E)])
+        t_loop, c_loop = time.perf_counter(), time.process_time()  # the loop: no env creation, seeded reset
+        budget = math.inf if cfg.steps is None else cfg.steps
+        if next_step:
+            # gather up to T vector steps, then one add_batch and one vectorized count of the episodes
+            # (gather_steps or 256 KiB: rows reach readers that much later; the flush costs little per step)
+            T = max(1, min(cfg.gather_steps, (256 << 10) // (E * row_bytes)))
+            buf = _StepBuffer(writers[0], T, stats, fresh_actions=ours)
+            new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
+            prev_done = np.zeros(E, bool)
+            steps = 0
+            watch = isinstance(act, _EpsGreedy)  # only our ε-greedy needs episode starts (frame stacks)
+            while steps < budget:
+                if buf.empty:  # every T steps: stop? report?
+                    if should_stop():
+                        break
+                    if time.monotonic() - last_report >= cfg.report_s:
+                        flush_report()
+                if may_step is not None and not may_step(E):
+                    buf.flush()  # the learner waits for these rows
+                    if should_stop():
+                        break
+                    time.sleep(0.001)
+                    if time.monotonic() - last_report >= cfg.report_s:
+                        flush_report()
+                    continue
+                action = act(obs, new_episode)
+                buf.put_obs(obs, action)  # before step() overwrites it
+                obs, reward, term, trunc, _ = envs.step(action)
+                buf.put_outcome(reward, term, trunc)  # may flush
+                steps += E
+                if watch:  # a lane done in the last step was reset by this one: its obs starts an episode
+                    new_episode, prev_done = prev_done, term | trunc
+        else:
+            new_episode = np.ones(E, bool)
+            zero = np.zeros(1, np.float64)
+            while stats.steps < budget and not should_stop():  # per copy: rows differ per step
+                if may_step is not None and not may_step(E):
+                    time.sleep(0.001)
+                    if time.monotonic() - last_report >= cfg.report_s:
+                        flush_report()
+                    continue
+                action = act(obs, new_episode)
+                next_obs, reward, term, trunc, info = envs.step(action)
+                done = term | trunc
+                # same-step: the final observations are in info; disabled: next_obs until we reset
+                for j in range(E):
+                    a = action[j:j + 1]
+                    writers[j].add(_row(_take(obs, [j]), a, reward[j:j + 1], term[j:j + 1], trunc[j:j + 1]))
+                    if done[j]:  # the episode's final observation is its own (last) row of the lane
+                        final = _take(next_obs, [j]) if disabled else _one_lane(info["final_obs"][j])
+                        writers[j].add(_row(final, a, zero, [False], [False]))
+                if disabled and done.any():  # reset_mask resets those copies, returns the whole batch
+                    next_obs, _ = envs.reset(options={"reset_mask": done})
+                stats.count(reward[None], done[None], autoreset_rows=False)
+                new_episode = done  # done lanes were reset in this step
+                obs = next_obs
+                if time.monotonic() - last_report >= cfg.report_s:
+                    flush_report()
+    finally:
+        try:
+            if buf is not None:
+                buf.flush()  # the last block (also after a crash: what was gathered before it)
+            for j, w in enumerate(writers):
+                if obs is None:
+                    w.close()
+                else:  # keep the final observations: the last steps become transitions
+                    w.close(last_obs=obs if next_step else _take(obs, [j]))
+        finally:
+            envs.close()
+            store.close()
+            flush_report(final=True)  # also after a crash: what was written before it is stored
+
+
+class _Stats:
+    """What a worker reports: env steps, transitions, episodes and their returns, counted a block
+    of vector steps at a time (cumulative sums, no loop per step)."""
+
+    def __init__(self, lanes: int) -> None:
+        self.steps = self.transitions = self.episodes = 0
+        self.returns: list[float] = []
+        self._ep_return = np.zeros(lanes)  # the running episodes' returns so far
+        self._prev_done = np.zeros(lanes, bool)  # lanes done in the last step counted
+
+    def count(self, reward: np.ndarray, done: np.ndarray, *, autoreset_rows: bool) -> None:
+        """Count ``n`` vector steps: ``reward`` and ``done`` are ``(n, lanes)``. ``autoreset_rows``:
+        the step after a done is the next-step autoreset (reward 0, a final observation, no transition)."""
+        n, lanes = done.shape
+        self.steps += n * lanes
+        self.transitions += n * lanes
+        if autoreset_rows:
+            self.transitions -= int(np.count_nonzero(self._prev_done)) + int(np.count_nonzero(done[:-1]))
+            self._prev_done = done[-1]
+        cum = np.cumsum(reward, axis=0, dtype=np.float64)
+        cum += self._ep_return
+        if not done.any():
+            self._ep_return = cum[-1]
+            return
+        t = np.arange(n)[:, None]
+        last = np.maximum.accumulate(np.where(done, t, -1), axis=0)  # the latest done at or before t
+        before = np.concatenate([np.full((1, lanes), -1), last[:-1]])  # ... strictly before t
+        base = np.where(before >= 0, np.take_along_axis(cum, np.maximum(before, 0), 0), 0.0)
+        self.returns.extend((cum - base)[done].tolist())  # in time order, lanes in order
+        self.episodes += int(np.count_nonzero(done))
+        end = last[-1]
+        self._ep_return = np.where(end >= 0, cum[-1] - cum[np.maximum(end, 0), np.arange(lanes)], cum[-1])
+
+
+class _StepBuffer:
+    """Gathers up to ``T`` vector steps and appends them with one ``add_batch``.
+
+    Observations are copied into preallocated arrays when they are seen (the vector env may
+    overwrite its observation buffer in the next step); rewards and flags are fresh arrays from
+    every ``step()``, kept by reference and concatenated at the flush, and so are actions when the
+    policy returns a new array each call (``fresh_actions``: ours do; a user's is copied). The first step goes through
+    ``Writer.add`` (full validation, clear errors); later copies use ``casting="safe"`` (no silent
+    lossy cast) and ``add_batch`` validates again (non-finite values), so a bad step costs at most
+    the ``T - 1`` steps gathered before it. Each flush also counts the block's episodes (``stats``).
+    """
+
+    def __init__(self, writer: Any, T: int, stats: _Stats, fresh_actions: bool = False) -> None:
+        self.writer = writer
+        self.T = T
+        self.stats = stats
+        self.first = True  # the first step is written by Writer.add, not buffered
+        self.k = 0  # steps buffered (observations and actions)
+        self.lastobs: dict[str, Any] | None = None
+        self.rewards: list[np.ndarray] = []
+        self.terms: list[np.ndarray] = []
+        self.truncs: list[np.ndarray] = []
+        by_ref = ("reward", "terminated", "truncated", *(("action",) if fresh_actions else ()))
+        self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields
+                     if f.name not in by_ref}
+        self.obs, self.action = self.bufs.get("obs"), self.bufs.get("action")
+        self.actions: list[np.ndarray] | None = [] if fresh_actions else None
+        self.action_shape = (writer.lanes, *writer.schema["action"].shape)
+
+    @property
+    def empty(self) -> bool:
+        return not self.rewards
+
+    def put_obs(self, obs: Any, action: Any) -> None:
+        """The observation a step starts from (array or dict) and the action taken."""
+        if self.first:
+            fields = {**flatten_obs(obs), "action": action}
+            self.lastobs = {k: np.array(v) for k, v in fields.items()}  # step() may overwrite obs
+            return
+        k = self.k  # counted when the step's outcome is in
+        if isinstance(obs, dict):
+            for name, x in flatten_obs(obs).items():
+                np.copyto(self.bufs[name][k], x, casting="safe")
+        else:
+            np.copyto(self.obs[k], obs, casting="safe")
+        if self.actions is None:
+            np.copyto(self.action[k], action, casting="safe")
+        else:
+            self.actions.append(action)
+
+    def put_outcome(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
+        if self.first:
+            self.writer.add(**self.lastobs, reward=reward, terminated=term, truncated=trunc)
+            self.first = False
+            self.lastobs = None
+        else:
+            self.k += 1
+        self.rewards.append(reward)
+        self.terms.append(term)
+        self.truncs.append(trunc)
+        if len(self.rewards) >= self.T:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rewards:
+            return
+        n, lanes = len(self.rewards), self.writer.lanes  # (concatenate: a fraction of np.stack's cost per step)
+        reward, term, trunc = (np.concatenate(x).reshape(n, lanes) for x in (self.rewards, self.terms, self.truncs))
+        self.rewards, self.terms, self.truncs = [], [], []
+        k, self.k = self.k, 0
+        if k:  # the last k steps (the block may start with the unbuffered first step)
+            batch = {**{n: b[:k] for n, b in self.bufs.items()},
+                     "reward": reward[-k:], "terminated": term[-k:], "truncated": trunc[-k:]}
+            if self.actions is not None:  # (one more if a step() raised after its action was taken)
+                actions, self.actions = self.actions[:k], []
+                batch["action"] = np.concatenate(actions).reshape(k, *self.action_shape)
+            self.writer.add_batch(batch)
+            self.writer.publish()  # visible now, and the writer's publisher thread stays asleep
+        self.stats.count(reward, term | trunc, autoreset_rows=True)
+
+
+def _one_lane(x: Any) -> Any:
+    """One env's observation (array or nested dict) batched as a single lane."""
+    if isinstance(x, dict):
+        return {k: _one_lane(v) for k, v in x.items()}
+    return np.asarray(x)[None]

@@ -1,0 +1,22 @@
+"""agent: Q networks, policy files, environments and evaluation.
+
+Modules: ``policy`` (QNetwork, FrameStack, save_policy / load_policy: weights-only torch
+files), ``envs`` (gymnasium env and vector-env construction, Atari preprocessing, obs
+flattening; no torch), ``evaluation`` (greedy evaluation episodes).
+
+Torch loads only when a name of ``policy`` is first used: ``mmreplay.agent.envs`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_POLICY = ("FrameStack", "Policy", "QNetwork", "epsilon_greedy", "load_policy", "network_spec", "save_policy")
+__all__ = sorted(_POLICY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _POLICY:
+        return getattr(importlib.import_module(".policy", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

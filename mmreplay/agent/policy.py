@@ -1,0 +1,322 @@
+"""Q networks for discrete actions, and policy files that rebuild them without the training config.
+
+Networks (:class:`QNetwork`) are built from a small JSON-able *spec* (:func:`network_spec`):
+
+* ``kind="mlp"``: every observation field (a frame stack of it if ``frame_stack > 1``) is
+  flattened, cast to float and concatenated, then hidden ReLU layers;
+* ``kind="cnn"``: the Nature DQN encoder (Mnih et al. 2015: 32×8×8/4, 64×4×4/2, 64×3×3/1,
+  512) over one uint8 image field; the frames travel as uint8 and are scaled by 1/255 **on the
+  network's device**, inside ``forward``;
+* the head is a linear layer to ``n_actions`` Q-values, or a dueling head
+  (Wang et al. 2016: ``V(s) + A(s, a) - mean_a A(s, a)``).
+
+Policy file (``save_policy`` / ``load_policy``): a ``torch.save`` payload holding only tensors
+and strings (so ``torch.load(weights_only=True)`` reads it) with the keys ``format``
+(``"mmreplay-policy"``), ``version``, ``spec_json`` (the network spec), ``state_dict`` and
+``meta_json`` (at least ``epsilon`` and ``step``). It is written atomically (temp file, fsync,
+rename, fsync of the directory), so a reader that polls the path sees either the old or the new
+file, never a torn one. Training checkpoints (``mmreplay.train``) carry the same keys plus the
+training state, so ``load_policy`` also opens a checkpoint.
+
+Observations given to :class:`Policy` are a batch: an array ``(B, *obs_shape)`` for a single
+``obs`` field, or a dict keyed like the store (``{"obs/key": array}``, plain ``{"key": ...}`` is
+accepted too). With ``frame_stack = k > 1`` the network wants ``(B, k, *obs_shape)``;
+:class:`FrameStack` builds those stacks from single frames of a vector env, clamped at episode
+starts exactly as the samplers clamp them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..core.fs import atomic_write
+from ..core.errors import SchemaError
+
+if TYPE_CHECKING:
+    from ..core.schema import Schema
+
+__all__ = ["FrameStack", "Policy", "QNetwork", "epsilon_greedy", "load_policy", "network_spec", "save_policy"]
+
+POLICY_FORMAT = "mmreplay-policy"
+POLICY_VERSION = 1
+
+
+# -- networks -------------------------------------------------------------------------------------
+def network_spec(
+    schema: Schema,
+    n_actions: int,
+    *,
+    frame_stack: int = 1,
+    hidden: tuple[int, ...] | list[int] = (256, 256),
+    dueling: bool = False,
+    cnn: bool | None = None,
+) -> dict[str, Any]:
+    """The spec of a Q network for a store's observation fields (JSON-able, see module docstring).
+
+    ``cnn=None`` picks the Nature CNN when there is one uint8 observation field of 2 or 3
+    dimensions (``(H, W)`` grayscale or ``(C, H, W)``), the MLP otherwise.
+    """
+    if not isinstance(n_actions, (int, np.integer)) or n_actions < 1:
+        raise ValueError(f"`n_actions` must be a positive int, got {n_actions!r}")
+    if frame_stack < 1:
+        raise ValueError(f"`frame_stack` must be >= 1, got {frame_stack}")
+    obs = [{"name": n, "shape": list(schema[n].shape), "dtype": schema[n].dtype.str} for n in schema.obs_names]
+    if not obs:
+        raise SchemaError("the schema has no observation field (`obs` or `obs/<key>`)")
+    image = len(obs) == 1 and np.dtype(obs[0]["dtype"]) == np.uint8 and len(obs[0]["shape"]) in (2, 3)
+    if cnn is None:
+        cnn = image
+    if cnn and not image:
+        raise SchemaError(f"the CNN needs one uint8 observation field of shape (H, W) or (C, H, W), got {obs}")
+    return {"kind": "cnn" if cnn else "mlp", "obs": obs, "n_actions": int(n_actions), "frame_stack": int(frame_stack),
+            "hidden": [int(h) for h in hidden], "dueling": bool(dueling)}
+
+
+class QNetwork(nn.Module):
+    """Q-values ``(B, n_actions)`` from a batch of observations (a tensor, or a dict of tensors
+    keyed by the store's field names). Built from :func:`network_spec`."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__()
+        self.spec = spec
+        self.names = [o["name"] for o in spec["obs"]]
+        k = int(spec["frame_stack"])
+        if spec["kind"] == "cnn":
+            shape = spec["obs"][0]["shape"]
+            channels = k * (shape[0] if len(shape) == 3 else 1)
+            h, w = shape[-2:]
+            self.encoder = nn.Sequential(
+                nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+                nn.Flatten(),
+            )
+            with torch.no_grad():
+                flat = self.encoder(torch.zeros(1, channels, h, w)).shape[1]
+            self.encoder.append(nn.Linear(flat, 512))
+            self.encoder.append(nn.ReLU())
+            features = 512
+        else:
+            layers: list[nn.Module] = []
+            features = sum(k * math.prod(o["shape"]) for o in spec["obs"])
+            for width in spec["hidden"]:
+                layers += [nn.Linear(features, width), nn.ReLU()]
+                features = width
+            self.encoder = nn.Sequential(*layers)
+        n = int(spec["n_actions"])
+        if spec["dueling"]:
+            self.value = nn.Linear(features, 1)
+            self.advantage = nn.Linear(features, n)
+        else:
+            self.head = nn.Linear(features, n)
+
+    def encode_input(self, obs: Any) -> torch.Tensor:
+        """One float tensor ``(B, ...)`` from the observation fields (uint8 frames scaled here)."""
+        if self.spec["kind"] == "cnn":
+            x = _field(obs, self.names[0]) if isinstance(obs, dict) else obs
+            x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+            if x.dim() == 5:  # (B, k, C, H, W) -> (B, k*C, H, W)
+                x = x.flatten(1, 2)
+            elif x.dim() == 3:  # (B, H, W): one grayscale frame
+                x = x.unsqueeze(1)
+            return x
+        if not isinstance(obs, dict):
+            return obs.flatten(1).float()
+        parts = [_field(obs, n).flatten(1).float() for n in self.names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        z = self.encoder(self.encode_input(obs))
+        if self.spec["dueling"]:
+            a = self.advantage(z)
+            return self.value(z) + a - a.mean(dim=1, keepdim=True)
+        return self.head(z)
+
+
+def _field(obs: dict[str, Any], name: str) -> Any:
+    """A field of a dict observation keyed like the store (``obs/key``) or like a batch (``key``)."""
+    return obs[name] if name in obs else obs[name.removeprefix("obs/")]
+
+
+# -- policy files ---------------------------------------------------------------------------------
+def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"policy meta must be JSON-serialisable: {exc}") from None
+
+
+def policy_payload(net: QNetwork, *, epsilon: float | None = None, step: int = 0, **meta: Any) -> dict[str, Any]:
+    """The policy keys of a policy file or checkpoint (tensors copied to the CPU)."""
+    if isinstance(net, nn.Module) and not isinstance(net, QNetwork):
+        net = getattr(net, "_orig_mod", net)  # torch.compile wrapper
+    if not isinstance(net, QNetwork):
+        q = getattr(net, "q", None)
+        if not isinstance(q, nn.Module):
+            raise TypeError(f"expected a QNetwork (or an object with a `.q` QNetwork), got {type(net).__name__}")
+        net = getattr(q, "_orig_mod", q)
+    info = _jsonable({**meta, "epsilon": None if epsilon is None else float(epsilon), "step": int(step)})
+    state = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
+    return {"format": POLICY_FORMAT, "version": POLICY_VERSION, "spec_json": json.dumps(net.spec),
+            "state_dict": state, "meta_json": json.dumps(info)}
+
+
+def save_torch_atomic(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
+    """``torch.save`` to a temp file, fsync, rename over ``path``, fsync the directory."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(p, buf.getvalue())
+
+
+def save_policy(path: str | os.PathLike[str], net_or_agent: Any, *, epsilon: float | None = None, step: int = 0,
+                **meta: Any) -> None:
+    """Write a self-describing policy file atomically (see the module docstring).
+
+    Parameters
+    ----------
+    net_or_agent
+        A :class:`QNetwork` (or a ``torch.compile`` of one, or any object with a ``.q`` one).
+    epsilon
+        Exploration rate the actors should use with this policy (``None``: greedy / not set).
+    step
+        Training step the weights come from (env steps online, updates offline).
+    meta
+        Further JSON-serialisable facts (env id, algo, seed), returned in ``Policy.meta``.
+    """
+    save_torch_atomic(path, policy_payload(net_or_agent, epsilon=epsilon, step=step, **meta))
+
+
+def read_payload(path: str | os.PathLike[str], device: Any = "cpu") -> dict[str, Any]:
+    """The raw payload of a policy file or checkpoint (``weights_only`` load)."""
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"{path} is not a readable mmreplay policy file or checkpoint: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != POLICY_FORMAT:
+        raise ValueError(f"{path} is not an mmreplay policy file (format {payload.get('format')!r})"
+                         if isinstance(payload, dict) else f"{path} is not an mmreplay policy file")
+    if int(payload.get("version", 0)) > POLICY_VERSION:
+        raise ValueError(f"{path}: policy file version {payload['version']}, this mmreplay reads {POLICY_VERSION}")
+    return payload
+
+
+def load_policy(path: str | os.PathLike[str], device: Any = "cpu") -> Policy:
+    """Rebuild the network of a policy file (or a training checkpoint) on ``device``."""
+    payload = read_payload(path, device)
+    spec = json.loads(payload["spec_json"])
+    net = QNetwork(spec)
+    net.load_state_dict(payload["state_dict"])
+    net.to(device).eval()
+    return Policy(net, json.loads(payload["meta_json"]), device)
+
+
+class Policy:
+    """A loaded Q network acting on numpy batches (see :func:`load_policy`).
+
+    ``meta`` holds at least ``epsilon`` (float or ``None``) and ``step``; ``n_actions`` and
+    ``frame_stack`` come from the network spec.
+    """
+
+    def __init__(self, net: QNetwork, meta: dict[str, Any], device: Any = "cpu") -> None:
+        self.net = net
+        self.meta = meta
+        self.device = torch.device(device)
+        self.spec = net.spec
+        self.n_actions = int(net.spec["n_actions"])
+        self.frame_stack = int(net.spec["frame_stack"])
+        self.obs_names = tuple(net.names)
+
+    def _tensors(self, obs: Any) -> dict[str, torch.Tensor]:
+        k = self.frame_stack
+        if not isinstance(obs, dict):
+            if self.obs_names != ("obs",):
+                raise SchemaError(f"this policy reads the fields {list(self.obs_names)}: pass a dict of arrays")
+            obs = {"obs": obs}
+        out: dict[str, torch.Tensor] = {}
+        batch = None
+        for o in self.spec["obs"]:
+            name = o["name"]
+            a = obs.get(name, obs.get(name.removeprefix("obs/")))
+            if a is None:
+                raise SchemaError(f"observation field {name!r} is missing (got keys {sorted(obs)})")
+            a = np.asarray(a)
+            want = tuple(o["shape"]) if k == 1 else (k, *o["shape"])
+            if a.shape[1:] != want or (batch is not None and len(a) != batch):
+                raise SchemaError(f"observation field {name!r}: expected shape (B, {', '.join(map(str, want))})"
+                                  f"{' (a frame stack: see mmreplay.agent.FrameStack)' if k > 1 else ''}, "
+                                  f"got {a.shape}")
+            batch = len(a)
+            out[name] = torch.as_tensor(a).to(self.device)
+        return out
+
+    @torch.no_grad()
+    def q_values(self, obs: Any) -> np.ndarray:
+        """Q-values ``(B, n_actions)`` as float32 numpy for a batch of observations."""
+        return self.net(self._tensors(obs)).float().cpu().numpy()
+
+    def act(self, obs: Any, epsilon: float = 0.0, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Greedy actions ``(B,)`` int64; with ``epsilon > 0``, epsilon-greedy drawn from ``rng``."""
+        greedy = self.q_values(obs).argmax(axis=1).astype(np.int64)
+        if epsilon <= 0:
+            return greedy
+        return epsilon_greedy(greedy, self.n_actions, epsilon, rng if rng is not None else np.random.default_rng())
+
+
+def epsilon_greedy(greedy: np.ndarray, n_actions: int, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+    """Replace each action by a uniform one with probability ``epsilon`` (vectorized)."""
+    explore = rng.random(len(greedy)) < epsilon
+    rand = rng.integers(0, n_actions, len(greedy))
+    return np.where(explore, rand, greedy).astype(np.int64)
+
+
+class FrameStack:
+    """Stacks of the last ``k`` single frames per env of a vector env, for acting.
+
+    ``reset(obs)`` starts every lane; ``push(obs, new_episode)`` appends a step's frames, and
+    lanes flagged ``new_episode`` (their obs is the first of an episode: with next-step autoreset,
+    the lanes whose previous step ended) restart with that frame repeated ``k`` times, which is
+    how the samplers clamp stacks at an episode start. Returns ``(B, k, *shape)`` arrays (a dict
+    of them for dict observations); each call returns a fresh array.
+    """
+
+    def __init__(self, k: int) -> None:
+        if k < 1:
+            raise ValueError(f"`k` must be >= 1, got {k}")
+        self.k = k
+        self._buf: dict[str, np.ndarray] = {}
+
+    def reset(self, obs: Any) -> Any:
+        items = obs.items() if isinstance(obs, dict) else [("", obs)]
+        self._buf = {key: np.repeat(np.asarray(a)[:, None], self.k, axis=1) for key, a in items}
+        return self._out(obs)
+
+    def push(self, obs: Any, new_episode: np.ndarray | None = None) -> Any:
+        if not self._buf:
+            return self.reset(obs)
+        items = obs.items() if isinstance(obs, dict) else [("", obs)]
+        for key, a in items:
+            a = np.asarray(a)
+            buf = self._buf[key]
+            buf[:, :-1] = buf[:, 1:]
+            buf[:, -1] = a
+            if new_episode is not None and new_episode.any():
+                buf[new_episode] = a[new_episode][:, None]
+        return self._out(obs)
+
+    def _out(self, obs: Any) -> Any:
+        if isinstance(obs, dict):
+            return {key: b.copy() for key, b in self._buf.items()}
+        return self._buf[""].copy()

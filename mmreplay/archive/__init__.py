@@ -1,0 +1,15 @@
+"""archive: compressed zarr v3 archives of a store (local path or any fsspec URL), and shipping.
+
+Modules: ``zarr_io`` (export_archive, import_archive, open_archive), ``layout`` (the archive's
+group layout, checksums and metadata), ``shipping`` (the learner's exactly-once ingestion of
+archives that remote actors export).
+
+Invariants: an archive holds sealed segments only, one chunk row range per segment, each
+chunk checksummed; ingestion never duplicates a row, even when killed midway.
+"""
+
+from ..core.errors import ArchiveError, CorruptArchiveError
+from .zarr_io import ArchiveReport, ImportReport, export_archive, import_archive, open_archive
+
+__all__ = ["ArchiveError", "ArchiveReport", "CorruptArchiveError", "ImportReport", "export_archive",
+           "import_archive", "open_archive"]

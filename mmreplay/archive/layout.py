@@ -1,0 +1,170 @@
+"""The archive's zarr v3 layout: array names, attributes, codecs and the segment table.
+
+``archive.py`` (export, import, open) is written against this module; the layout itself is
+described in ``archive.py``'s docstring and, for readers without mmreplay, in the group's
+``description`` attribute (``DESCRIPTION`` here). zarr is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..core.version import __version__
+from ..core.errors import ArchiveError, CorruptArchiveError
+
+if TYPE_CHECKING:
+    from ..core.schema import Schema
+    from ..storage.store import ReplayStore
+
+FORMAT = "mmreplay-archive"
+FORMAT_VERSION = 1
+TABLE_COLUMNS = ("segment_id", "writer_id", "lanes", "session_epoch", "chain_index", "first_seq",
+                 "usable_records", "committed", "state", "created_ns")
+COL = {name: i for i, name in enumerate(TABLE_COLUMNS)}  # column index of each name
+_TABLE_CHUNK = 1024
+MARKER = "ARCHIVE.json"  # in an imported store: which archive it came from
+
+_MEANING = {
+    "obs": "observation seen at this step; an episode of T actions has T+1 rows, the last one is_last",
+    "action": "action taken at this step (zero on an is_last row, which only holds the final observation)",
+    "reward": "reward received for this step's action",
+    "terminated": "the episode ended after this step by termination (do not bootstrap)",
+    "truncated": "the episode was cut after this step (time limit; bootstrap from the next observation)",
+}
+
+DESCRIPTION = """\
+mmreplay archive (zarr v3). One row per environment step of one lane (one env of a vector env).
+Arrays: fields/<name> (one per field, see the 'fields' attribute), is_last, is_first, episode,
+segment_table. Only the first committed.segments rows of segment_table and the first
+committed.segments * segment_records rows of the other arrays are valid; rows with episode == -1
+are padding. Episode e is the rows with episode == e, in time order as stored; it holds T+1
+observations (its last row is_last, holding the final observation) and T actions, rewards,
+terminated and truncated flags (those of its first T rows). Next observation of a row = obs of
+the next row of the same episode. An episode whose first row is not is_first began before the
+oldest exported row; one whose last row is not is_last was still running."""
+
+
+# -- opening -----------------------------------------------------------------------------------
+def open_group(url: str | os.PathLike[str], mode: str, storage_options: dict[str, Any] | None) -> Any:
+    import zarr
+
+    kw: dict[str, Any] = {"storage_options": storage_options} if storage_options else {}
+    try:
+        return zarr.open_group(store=str(url), mode=mode, zarr_format=3, **kw)  # type: ignore[arg-type]
+    except FileNotFoundError:
+        raise ArchiveError(f"no archive at {url}") from None
+
+
+def read_meta(g: Any, url: object) -> dict[str, Any]:
+    meta = g.attrs.get("mmreplay")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ArchiveError(f"{url} is not an mmreplay archive (no 'mmreplay' attribute)")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ArchiveError(f"{url}: archive format {meta.get('format_version')}, this mmreplay reads {FORMAT_VERSION}",
+                           hint="use the mmreplay version that wrote it")
+    return meta
+
+
+def committed_extent(g: Any) -> tuple[int, int]:
+    c = g.attrs.get("committed") or {}
+    return int(c.get("segments", 0)), int(c.get("rows", 0))
+
+
+def read_table(g: Any, count: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros((0, len(TABLE_COLUMNS)), np.int64)
+    t = np.asarray(read_rows(g, "segment_table", slice(0, count)), np.int64)
+    if t.shape != (count, len(TABLE_COLUMNS)):
+        raise CorruptArchiveError(f"segment_table has shape {t.shape}, expected ({count}, {len(TABLE_COLUMNS)})")
+    return t
+
+
+def read_rows(g: Any, name: str, sel: slice) -> np.ndarray:
+    try:
+        return g[name][sel]
+    except ValueError as exc:
+        if "checksum" in str(exc):
+            raise CorruptArchiveError(f"array {name!r}, rows {sel.start}..{sel.stop}: {exc}") from None
+        raise
+
+
+# -- creating ----------------------------------------------------------------------------------
+def _codecs(dtype: np.dtype[Any], clevel: int) -> list[Any]:
+    from zarr.codecs import BloscCodec, Crc32cCodec
+
+    blocksize = 0  # blosc's choice
+    if dtype == np.bool_:
+        shuffle = "bitshuffle"
+    elif dtype.itemsize == 1:
+        # frames: not shuffled (2-4x smaller than bit-shuffled), and 4 MiB blocks, so that zstd sees
+        # ~600 consecutive 84x84 frames at once: on ALE frames 1.5-2.5x smaller *and* faster than
+        # blosc's default block size (benchmarks/archive.py)
+        shuffle, blocksize = "noshuffle", 4 << 20
+    else:
+        shuffle = "shuffle"
+    return [BloscCodec(typesize=dtype.itemsize, cname="zstd", clevel=clevel, shuffle=shuffle, blocksize=blocksize),
+            Crc32cCodec()]
+
+
+def _field_attrs(schema: Schema) -> dict[str, Any]:
+    out = {}
+    for f in schema.fields:
+        base = "obs" if f.name in schema.obs_names else f.name
+        out[f.name] = {"array": f"fields/{f.name}", "dtype": f.dtype.str, "shape": list(f.shape),
+                       **({"meaning": _MEANING[base]} if base in _MEANING else {})}
+    return out
+
+
+def create_layout(g: Any, store: ReplayStore, clevel: int) -> None:
+    """Make the arrays of a new archive, then its attributes (``committed`` = nothing yet)."""
+    R = store.segment_records
+    names = set(store.schema.names)
+    for f in store.schema.fields:
+        if any(n.startswith(f.name + "/") for n in names):
+            raise ArchiveError(f"field {f.name!r} is also a prefix of another field; zarr cannot hold both as arrays")
+        dims = ["row", *(f"{f.name}_{i}" for i in range(len(f.shape)))]
+        g.create_array(f"fields/{f.name}", shape=(0, *f.shape), chunks=(R, *f.shape), dtype=f.dtype,
+                       compressors=_codecs(f.dtype, clevel), fill_value=0, dimension_names=dims, overwrite=True,
+                       attributes={"field": f.name})
+    for name, dt, text in (("is_last", np.dtype(np.bool_), "row is its episode's final observation"),
+                           ("is_first", np.dtype(np.bool_), "row starts an episode"),
+                           ("episode", np.dtype(np.int64), "episode id (store row id of its first row); -1 = padding")):
+        g.create_array(name, shape=(0,), chunks=(R,), dtype=dt, compressors=_codecs(dt, clevel),
+                       fill_value=-1 if name == "episode" else 0, dimension_names=["row"], overwrite=True,
+                       attributes={"description": text})
+    g.create_array("segment_table", shape=(0, len(TABLE_COLUMNS)), chunks=(_TABLE_CHUNK, len(TABLE_COLUMNS)),
+                   dtype=np.int64, compressors=_codecs(np.dtype(np.int64), clevel), fill_value=0,
+                   dimension_names=["segment", "column"], overwrite=True,
+                   attributes={"columns": list(TABLE_COLUMNS),
+                               "description": "one row per archived segment; archive rows [i*R, i*R+committed) are "
+                                              "segment i's slots, R = segment_records; state 2 = sealed, 1 = open"})
+    provenance = store.provenance() if hasattr(store, "provenance") else []
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "archive_uuid": uuid.uuid4().hex,
+        "source_store_uuid": store.store_uuid.hex(), "schema": store.schema.to_json(),
+        "schema_hash": f"{store.schema.hash:016x}", "segment_records": R, "capacity": store.capacity,
+        "on_full": store.on_full, "metadata": store.metadata, "provenance": provenance,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mmreplay_version": __version__,
+    }
+    g.attrs.update({"mmreplay": json.loads(json.dumps(meta, default=str)), "description": DESCRIPTION,
+                    "fields": _field_attrs(store.schema), "segment_records": R,
+                    "env": {k: store.metadata[k] for k in ("env_id", "env_spec", "observation_space", "action_space")
+                            if k in store.metadata},
+                    "committed": {"segments": 0, "rows": 0}})
+
+def resize_layout(g: Any, schema: Schema, segments: int, R: int) -> None:
+    for f in schema.fields:
+        a = g[f"fields/{f.name}"]
+        if a.shape[0] != segments * R:
+            a.resize((segments * R, *f.shape))
+    for name in ("is_last", "is_first", "episode"):
+        if g[name].shape[0] != segments * R:
+            g[name].resize((segments * R,))
+    if g["segment_table"].shape[0] != segments:
+        g["segment_table"].resize((segments, len(TABLE_COLUMNS)))

@@ -1,0 +1,442 @@
+"""Cluster: actors as Ray actors on any node, shipping sealed segments to the learner through archives.
+
+Past one machine, mmreplay leaves scheduling, placement, restarts and the object store to Ray
+and keeps only its own data path::
+
+    Ray actor (any node): env -> Writer -> local store -> export_archive every export_s
+                                                                 |  <root>/actor-NNN-<store uuid>
+    learner:  ingest_archives(<root>) every ingest_s  <----------+  (shared path or fsspec URL)
+              -> its own local store (tiers, samplers, loader as usual)
+    weights:  policy file bytes -> ray.put -> every actor writes them to a local policy file
+
+:func:`ray_collect` is the library form of ``mmreplay collect --ray``; :class:`RayActorPool` has
+the interface of :class:`mmreplay.ActorPool` for ``mmreplay train --ray``.
+
+Invariants kept here (the actor side is ``_ray_actor.py``, the driver side ``_fleet.py``, the
+learner's ingestion ``_shipping.py``):
+
+* An actor is :func:`mmreplay.actors.run_worker` (the same stepping loop as local collection)
+  in a threaded Ray actor, writing a local store on its node (``<local_dir>/<run id>/actor-NNN``)
+  that it exports into its own archive ``<root>/actor-NNN-<store uuid>``. An actor Ray restarts
+  on the same node reopens its store: recovery seals what the dead incarnation published, and
+  the next export ships it.
+* Only sealed segments travel, so a row reaches the learner once its segment is full (or its
+  actor stops): local stores use small segments (:func:`cluster_segment_records`), and the
+  learner's store must have the same ``segment_records`` (segments are copied whole).
+* Ingestion is exactly once: a segment exported twice, an export rerun or an actor restarted by
+  Ray never duplicates a row in the learner's store, and a crash of the learner mid-ingest
+  neither loses nor duplicates one.
+* Samples-per-insert limit: :meth:`RayActorPool.allow` bounds the rows actors store. Each actor
+  gets an equal share of the allowed total plus one segment, so every actor can seal the
+  segment the learner waits for (a limit below that would deadlock: rows stuck in open
+  segments). Shares are fixed rather than borrowed, which keeps the bound exact whatever the
+  timing of progress reports; the price is that a slow actor (or one Ray is restarting) holds
+  the learner back until it catches up. An actor restarted on another node starts a fresh
+  share (its predecessor's shipped rows still count for the learner).
+* ``ray`` is imported inside functions: ``import mmreplay`` (and this module) never loads it.
+  Without an address a local Ray instance is started (and shut down again), so the whole path
+  runs and is tested on one machine. It listens on loopback only, with the dashboard off
+  (:func:`start_local_ray`, whose docstring says what happens when Ray was imported first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ._fleet import Fleet
+from .local_ray import start_local_ray
+from ._ray_actor import ActorSpec
+from ..archive.shipping import IngestReport, archive_urls, ingest_archives, read_ledger
+from ..actors.pool import CollectResult, Policy, PolicySpec
+from ..agent.envs import AutoresetName
+from ..core.errors import MMReplayError
+
+if TYPE_CHECKING:
+    from ..core.schema import Schema
+    from ..storage.store import ReplayStore
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "IngestReport",
+    "RayActorPool",
+    "RayCollectResult",
+    "archive_urls",
+    "cluster_segment_records",
+    "ingest_archives",
+    "ray_collect",
+    "read_ledger",
+    "start_local_ray",
+]
+
+
+def cluster_segment_records(schema: Schema, lanes: int = 1) -> int:
+    """Rows per segment for stores that ship to a learner: at most 4096 rows (a segment, and
+    so the lag of its first row, fills in well under a second at thousands of steps/s) and at
+    most the usual ~32 MiB; a multiple of ``lanes``."""
+    from ..storage.store import default_segment_records
+
+    r = min(4096, default_segment_records(schema))
+    return max(lanes, r // lanes * lanes)
+
+
+def _default_local_dir() -> str:
+    return str(Path(tempfile.gettempdir()) / "mmreplay-ray")
+
+
+def _policy_payload(policy: str | PolicySpec | Policy) -> tuple[PolicySpec | Policy, str | None]:
+    """The actors' policy, and the file whose bytes ship to them (eps-greedy checkpoints)."""
+    if isinstance(policy, str):
+        policy = PolicySpec.parse(policy)
+    if isinstance(policy, PolicySpec) and policy.kind == "eps-greedy":
+        if policy.path is None or not Path(policy.path).is_file():
+            raise FileNotFoundError(f"policy checkpoint {policy.path!r} not found")
+        return policy, policy.path
+    return policy, None
+
+
+def _specs(n: int, *, env: str | Callable[[], Any], envs: int, schema: Schema, segment_records: int,
+           local_capacity: int | None, local_dir: str, archive_root: str, export_s: float,
+           storage_options: dict[str, Any] | None, policy: PolicySpec | Policy, atari: bool | None,
+           max_episode_steps: int | None, terminal_on_life_loss: bool, sticky_actions: float | None,
+           durability: str, metadata: dict[str, Any], keep_local: bool, run_id: str,
+           autoreset_mode: str = "next_step") -> list[ActorSpec]:
+    if n < 1 or envs < 1:
+        raise ValueError(f"need actors >= 1 and envs_per_actor >= 1, got {n} and {envs}")
+    if envs > segment_records:
+        raise ValueError(f"`envs_per_actor`={envs} is more than segment_records={segment_records}")
+    if export_s <= 0:
+        raise ValueError(f"`export_s` must be > 0, got {export_s}")
+    cap = local_capacity if local_capacity is not None else 64 * segment_records
+    return [ActorSpec(i, env, envs, schema.to_json(), segment_records, cap, local_dir, archive_root, export_s,
+                       storage_options, policy, atari, max_episode_steps, terminal_on_life_loss, sticky_actions,
+                       durability, metadata, keep_local, run_id, autoreset_mode) for i in range(n)]
+
+
+def _warn_big_segments(path: str, R: int, schema: Schema, envs: int) -> None:
+    if R > 4 * cluster_segment_records(schema, envs):
+        log.warning("%s has segment_records=%d: rows reach the learner one sealed segment at a time; a store made "
+                    "with segment_records=%d ships them sooner", path, R, cluster_segment_records(schema, envs))
+
+
+def _check_archive_root(url: str, address: str | None) -> str:
+    text = str(url)
+    if address not in (None, "", "local") and "://" not in text:
+        log.warning("archive %s is a local path: every node and the learner must see it (a shared filesystem)", text)
+    if "://" not in text:
+        Path(text).mkdir(parents=True, exist_ok=True)
+    return text
+
+
+# -- collect ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class RayCollectResult(CollectResult):
+    """A :class:`~mmreplay.actors.CollectResult` plus what shipping did."""
+
+    archive: str = ""
+    """The archive root the actors exported into."""
+    rows_ingested: int = 0
+    """Rows added to the learner's store (env steps plus each actor session's final-observation rows)."""
+    restarts: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Actor index -> times Ray restarted it."""
+
+
+def ray_collect(
+    env: str | Callable[[], Any],
+    archive_url: str | os.PathLike[str],
+    steps: int,
+    *,
+    actors: int = 1,
+    envs_per_actor: int = 1,
+    address: str | None = None,
+    store: str | os.PathLike[str] | None = None,
+    policy: str | PolicySpec | Policy = "random",
+    seed: int | None = None,
+    atari: bool | None = None,
+    capacity: int = 1_000_000,
+    segment_records: int | None = None,
+    durability: Literal["process", "segment", "batch"] = "segment",
+    max_episode_steps: int | None = None,
+    autoreset_mode: AutoresetName = "next_step",
+    terminal_on_life_loss: bool = False,
+    sticky_actions: float | None = None,
+    export_s: float = 1.0,
+    ingest_s: float = 0.5,
+    local_dir: str | None = None,
+    local_capacity: int | None = None,
+    keep_local: bool = False,
+    max_restarts: int = 3,
+    actor_cpus: float = 1.0,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> RayCollectResult:
+    """Collect ``steps`` env steps with ``actors`` Ray actors; ship them through ``archive_url``.
+
+    Each actor steps a vector env of ``envs_per_actor`` copies into a local store on its node
+    (``<local_dir>/<run id>/actor-NNN``; ``local_dir`` defaults to ``<temp dir>/mmreplay-ray``
+    on each node, and ``local_capacity`` to 64 segments) and exports sealed segments every
+    ``export_s`` seconds into ``<archive_url>/actor-NNN-<store uuid>``. With ``store``, this
+    process ingests them into that local store every ``ingest_s`` seconds (created from the env's
+    spaces with ``segment_records``, default :func:`cluster_segment_records`, if missing) and
+    once more at the end, exactly once.
+
+    Parameters
+    ----------
+    address
+        A Ray cluster (``"auto"``, ``"ray://head:10001"``); ``None`` starts a local Ray instance
+        for this call. ``archive_url`` must then be reachable from every node (a shared
+        filesystem path, or an fsspec URL such as ``s3://bucket/run`` with ``storage_options``).
+    max_restarts
+        Times Ray restarts a dead actor; the restarted actor reopens its local store when it
+        lands on the same node, and takes what is left of its share of ``steps``.
+    keep_local
+        Keep each actor's local store after its last export (default: removed, the archive
+        holds every row).
+
+    Returns a :class:`RayCollectResult`; actors that failed are in ``errors``. Ctrl-C stops the
+    actors, which close their writers and export what they wrote (``interrupted=True``).
+    """
+    from ..core.version import __version__
+    from ..actors.pool import _env_spaces, _Progress, _split, open_or_create
+    from ..core.schema import Schema
+
+    if steps < 1:
+        raise ValueError(f"`steps` must be >= 1, got {steps}")
+    pol, policy_file = _policy_payload(policy)
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**31))
+    obs_space, act_space, extra = _env_spaces(env, atari, max_episode_steps, terminal_on_life_loss, sticky_actions)
+    schema = Schema.from_spaces(obs_space, act_space)
+    env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+    base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
+            "mmreplay_version": __version__, **extra, **(metadata or {})}
+    root = _check_archive_root(str(archive_url), address)
+    learner = None
+    if store is not None:
+        learner = open_or_create(store, obs_space, act_space, capacity=capacity, metadata=base,
+                                 segment_records=segment_records or cluster_segment_records(schema, envs_per_actor))
+        segment_records = learner.segment_records
+    R = segment_records or cluster_segment_records(schema, envs_per_actor)
+    _warn_big_segments(str(store or "the actors' stores"), R, schema, envs_per_actor)
+    run_id = uuid.uuid4().hex[:12]
+    specs = _specs(actors, env=env, envs=envs_per_actor, schema=schema, segment_records=R,
+                   local_capacity=local_capacity, local_dir=local_dir or _default_local_dir(), archive_root=root,
+                   export_s=export_s, storage_options=storage_options, policy=pol, atari=atari,
+                   max_episode_steps=max_episode_steps, terminal_on_life_loss=terminal_on_life_loss,
+                   sticky_actions=sticky_actions, durability=durability, metadata=base, keep_local=keep_local,
+                   run_id=run_id, autoreset_mode=autoreset_mode)
+    budgets: list[int | None] = [b for b in _split(steps, actors)]
+    fleet = Fleet(specs, budgets, address=address, actor_cpus=actor_cpus, max_restarts=max_restarts, seed=seed,
+                   store=learner, archive_root=root, storage_options=storage_options, ingest_s=ingest_s,
+                   policy_path=policy_file, keep_returns=None)
+    record = {**base, "kind": "ray-collect", "status": "running", "actors": actors, "envs_per_actor": envs_per_actor,
+              "policy": str(pol) if isinstance(pol, PolicySpec) else "callable", "seed": seed, "archive": root,
+              "ray_address": address or "local", "steps_requested": steps, "segment_records": R,
+              "host": socket.gethostname(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    name = learner.record_provenance(record) if learner is not None else None
+    result = RayCollectResult(0, 0, 0, [], 0.0, 0, seed, provenance=name, archive=root)
+    bar = _Progress(sum(-(-b // envs_per_actor) * envs_per_actor for b in _split(steps, actors)), progress)
+    shown = 0
+    t0 = time.perf_counter()
+    try:
+        fleet.start()
+        try:
+            while not fleet.finished:
+                time.sleep(0.1)
+                tot = fleet.totals()
+                result.episodes, result.bytes_written = tot["episodes"], tot["bytes"]
+                result.episode_returns = list(fleet.returns)
+                bar.update(tot["steps"] - shown, result)
+                shown = tot["steps"]
+        except KeyboardInterrupt:
+            result.interrupted = True
+        finally:
+            fleet.stop()
+    finally:
+        result.seconds = time.perf_counter() - t0
+        bar.close()
+        tot = fleet.totals()
+        result.steps, result.transitions, result.episodes = tot["steps"], tot["transitions"], tot["episodes"]
+        result.bytes_written = tot["bytes"]
+        result.episode_returns = list(fleet.returns)
+        result.errors = fleet.errors()
+        result.rows_ingested = fleet.rows_ingested
+        result.restarts = {i: s.restarts for i, s in enumerate(fleet.slots) if s.restarts}
+        result.loop_seconds = max((float(s.base["loop_s"]) for s in fleet.slots), default=0.0)
+        if learner is not None:
+            record.update(status="interrupted" if result.interrupted else ("failed" if result.errors else "done"),
+                          steps_stored=result.steps, rows_ingested=result.rows_ingested, restarts=result.restarts,
+                          seconds=round(result.seconds, 3), errors={str(k): v.strip().splitlines()[-1] if v.strip()
+                                                                    else "" for k, v in result.errors.items()},
+                          finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            with contextlib.suppress(Exception):
+                learner.record_provenance(record, name)
+            learner.close()
+    return result
+
+
+# -- actors for a trainer ---------------------------------------------------------------------------
+class RayActorPool:
+    """Ray actors that fill a learner's store through archives; the interface of
+    :class:`mmreplay.ActorPool` (``start``, ``allow``, ``env_steps``, ``episode_returns``,
+    ``episodes``, ``check``, ``stop``) plus :meth:`publish_weights` and :meth:`ingest`.
+
+    The learner's store at ``store_path`` must exist (its schema and ``segment_records`` are the
+    actors'; create it with ``segment_records=cluster_segment_records(schema, envs_per_actor)``:
+    rows ship a sealed segment at a time). A background thread ingests new segments every
+    ``ingest_s`` seconds and sends the policy file at ``policy_path`` through Ray's object store
+    whenever it changes (so a trainer that rewrites the file needs no other call); ``env_steps``
+    counts the rows ingested, i.e. rows the learner can sample after its next ``refresh()``.
+
+    >>> pool = RayActorPool("CartPole-v1", "run/store", actors=4, policy_path="run/policy.pt")  # doctest: +SKIP
+    >>> pool.start(); pool.allow(10_000)  # doctest: +SKIP
+    """
+
+    def __init__(self, env_id: str | Callable[[], Any], store_path: str | os.PathLike[str], *, actors: int,
+                 envs_per_actor: int = 1, policy_path: str | os.PathLike[str], seed: int = 0,
+                 atari: bool | None = None, max_episode_steps: int | None = None,
+                 durability: Literal["process", "segment", "batch"] = "segment", terminal_on_life_loss: bool = False,
+                 address: str | None = None, archive_url: str | os.PathLike[str] | None = None,
+                 local_dir: str | None = None, export_s: float = 1.0, ingest_s: float = 0.5, max_restarts: int = 3,
+                 actor_cpus: float = 1.0, storage_options: dict[str, Any] | None = None,
+                 keep_local: bool = False) -> None:
+        if actors < 1:
+            raise ValueError(f"`actors` must be >= 1, got {actors}")
+        if archive_url is None:
+            if address not in (None, "", "local"):
+                raise ValueError("on a Ray cluster `archive_url` must be given: a shared path or URL every node "
+                                 "and the learner reach")
+            archive_url = f"{str(store_path).rstrip('/')}.archive"
+        self.env_id, self.store_path, self.actors, self.envs_per_actor = env_id, str(store_path), actors, envs_per_actor
+        self.policy_path, self.seed, self.address = str(policy_path), seed, address
+        self.archive_url = str(archive_url)
+        self._kw = dict(atari=atari, max_episode_steps=max_episode_steps, terminal_on_life_loss=terminal_on_life_loss,
+                        sticky_actions=None, durability=durability, keep_local=keep_local, export_s=export_s,
+                        storage_options=storage_options)
+        self.local_dir, self.ingest_s, self.max_restarts, self.actor_cpus = local_dir, ingest_s, max_restarts, actor_cpus
+        self.storage_options = storage_options
+        self._fleet: Fleet | None = None
+        self._store: ReplayStore | None = None
+        self._stopped = False
+
+    def start(self) -> RayActorPool:
+        """Start the actors (each loads the policy file's current bytes first: write it before)."""
+        from ..storage.store import open_store
+
+        if self._fleet is not None:
+            raise RuntimeError("this pool was started already")
+        self._store = open_store(self.store_path, mode="a")
+        try:
+            R = self._store.segment_records
+            _warn_big_segments(self.store_path, R, self._store.schema, self.envs_per_actor)
+            root = _check_archive_root(self.archive_url, self.address)
+            specs = _specs(self.actors, env=self.env_id, envs=self.envs_per_actor, schema=self._store.schema,
+                           segment_records=R, local_capacity=None,
+                           local_dir=self.local_dir or _default_local_dir(), archive_root=root,
+                           run_id=uuid.uuid4().hex[:12],
+                           policy=PolicySpec("eps-greedy", self.policy_path, None, reload_s=0.2),
+                           metadata=dict(self._store.metadata), **self._kw)  # type: ignore[arg-type]
+            self._fleet = Fleet(specs, [None] * self.actors, address=self.address, actor_cpus=self.actor_cpus,
+                                 max_restarts=self.max_restarts, seed=self.seed, store=self._store, archive_root=root,
+                                 storage_options=self.storage_options, ingest_s=self.ingest_s,
+                                 policy_path=self.policy_path)
+            self._fleet.allowed = 0
+            self._fleet.start()
+        except BaseException:
+            self._fleet = None
+            self._store.close()
+            raise
+        return self
+
+    def _need(self) -> Fleet:
+        if self._fleet is None:
+            raise RuntimeError("the pool is not running: call start() first")
+        return self._fleet
+
+    def allow(self, total_env_steps: int) -> None:
+        """Let the actors take up to ``total_env_steps`` env steps in all (a negative value: no limit).
+
+        Each actor may run one segment past its share, so the segments the learner waits for
+        can always be sealed and shipped."""
+        self._need().allowed = int(total_env_steps)
+
+    @property
+    def env_steps(self) -> int:
+        """Rows ingested into the learner's store by this pool (what the learner can sample)."""
+        return self._fleet.rows_ingested if self._fleet is not None else 0
+
+    @property
+    def episodes(self) -> int:
+        return self._fleet.episodes if self._fleet is not None else 0
+
+    def episode_returns(self, last: int = 100) -> list[float]:
+        """Returns of the last ``last`` completed episodes (any actor)."""
+        return list(self._fleet.returns)[-last:] if self._fleet is not None else []
+
+    @property
+    def handles(self) -> list[Any]:
+        """The Ray actor handles (for monitoring, or a fault test that kills one)."""
+        return [s.handle for s in self._need().slots]
+
+    @property
+    def restarts(self) -> dict[int, int]:
+        return {i: s.restarts for i, s in enumerate(self._need().slots) if s.restarts}
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` if an actor failed for good (an error in it, or out of restarts),
+        or ingestion failed on an archive it cannot use (another schema, a corrupt chunk)."""
+        f = self._need()
+        errs = f.errors()
+        if errs:
+            i, tb = next(iter(errs.items()))
+            raise RuntimeError(f"actor {i} failed:\n{tb}")
+        if f.monitor_error is not None:
+            raise RuntimeError(f"the actor monitor failed:\n{f.monitor_error}")
+        if isinstance(f.ingest_error, MMReplayError):  # OSErrors (a storage hiccup) are retried instead
+            raise RuntimeError(f"ingest failed: {f.ingest_error}") from f.ingest_error
+
+    def publish_weights(self, path: str | os.PathLike[str] | None = None) -> None:
+        """Put the policy file's bytes (default: ``policy_path``) into Ray's object store and send
+        them to every actor; actors switch to them within ~0.2 s. Called automatically when the
+        file at ``policy_path`` changes."""
+        self._need().publish(path if path is not None else self.policy_path)
+
+    def ingest(self, store: ReplayStore | str | os.PathLike[str] | None = None) -> int:
+        """Pull new sealed segments into ``store`` (default: the pool's handle of the learner's
+        store) now; returns the rows added (counted in ``env_steps`` when ``store`` is the
+        learner's store). Safe to call while the background thread runs; the learner sees the
+        rows after its next ``refresh()``."""
+        return self._need().ingest(store)
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Stop every actor (each closes its writer and exports its last rows), ingest what is
+        left, and release Ray (shut down if the pool started it)."""
+        if self._fleet is None or self._stopped:
+            return
+        self._stopped = True  # counts (env_steps, episodes) stay readable
+        try:
+            self._fleet.stop(timeout)
+        finally:
+            if self._store is not None:
+                self._fleet.store = None
+                self._store.close()
+                self._store = None
+
+    def __enter__(self) -> RayActorPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,158 @@
+"""The typed error hierarchy of mmreplay.
+
+Every error derives from :class:`MMReplayError` and, where one fits, from the builtin it
+refines (``StoreNotFoundError`` is a ``FileNotFoundError``, ``DiskFullError`` an ``OSError``),
+so callers can catch either. Each error carries a ``hint``: what to do next.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+__all__ = [
+    "CorruptSegmentError",
+    "CorruptStoreError",
+    "DiskFullError",
+    "EmptyStoreError",
+    "FormatVersionError",
+    "InvalidValueError",
+    "MMReplayError",
+    "RayNotLoopbackError",
+    "ReadOnlyStoreError",
+    "SchemaError",
+    "StoreClosedError",
+    "StoreExistsError",
+    "StoreFullError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "WriterBusyError",
+    "WriterFailedError",
+]
+
+
+class MMReplayError(Exception):
+    """Base class of every mmreplay error. ``hint`` says what to do next."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        if hint is not None:
+            self.hint = hint
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"{msg} (hint: {self.hint})" if self.hint else msg
+
+
+class SchemaError(MMReplayError, ValueError):
+    """A batch or a schema does not match: names the field, what was expected and what came."""
+
+    hint = "check the field's dtype and shape against store.schema"
+
+
+class InvalidValueError(MMReplayError, ValueError):
+    """A value is not allowed (NaN or Inf under ``nonfinite='error'``); nothing was written."""
+
+    hint = "fix the value, or open the writer with nonfinite='warn' or 'allow'"
+
+
+class StoreNotFoundError(MMReplayError, FileNotFoundError):
+    """No store at that path."""
+
+    hint = "create one with mmreplay.create_store(path, schema)"
+
+
+class StoreExistsError(MMReplayError, FileExistsError):
+    """``create_store`` on a path that already exists."""
+
+    hint = "open it with mmreplay.open_store(path, mode='a'), or choose a new path"
+
+
+class CorruptStoreError(MMReplayError):
+    """The store manifest (STORE.json) or counters are damaged."""
+
+    hint = "restore STORE.json from a copy; segment files carry their own checksums"
+
+
+class CorruptSegmentError(MMReplayError):
+    """A segment file is damaged: bad header, wrong size, foreign store or failed checksum."""
+
+    hint = "run `mmreplay verify PATH --repair` to quarantine damaged segments"
+
+
+class FormatVersionError(CorruptSegmentError):
+    """The file was written by an incompatible format version."""
+
+    hint = "open it with the mmreplay version that wrote it, or export and re-import"
+
+
+class WriterBusyError(MMReplayError, BlockingIOError):
+    """Another live writer session holds this writer id."""
+
+    hint = "pass another writer_id=, or leave writer_id=None to take the lowest free one"
+
+
+class WriterFailedError(MMReplayError):
+    """An I/O error of unknown extent stopped this writer; it refuses further appends."""
+
+    hint = "close the writer and open a new one: opening runs recovery"
+
+
+class StoreLockedError(MMReplayError, BlockingIOError):
+    """An admin operation needs the store to itself while writers are active."""
+
+    hint = "close every writer of this store first"
+
+
+class StoreClosedError(MMReplayError):
+    """The store or writer was closed, or is used after fork()."""
+
+    hint = "open the store again in this process (use the 'spawn' start method)"
+
+
+class ReadOnlyStoreError(MMReplayError, PermissionError):
+    """A write was asked of a store opened read-only or on a read-only filesystem."""
+
+    hint = "open the store with mode='a' on a writable filesystem"
+
+
+class EmptyStoreError(MMReplayError):
+    """Sampling asked of a store that has no sampleable transition yet."""
+
+    hint = "write at least two consecutive steps of one lane first, or call refresh()"
+
+
+class StoreFullError(MMReplayError):
+    """The store is at capacity and was created with ``on_full='error'``."""
+
+    hint = "pass a larger capacity= at creation, or on_full='evict'"
+
+
+class DiskFullError(MMReplayError, OSError):
+    """Allocating a segment failed for lack of space (ENOSPC) or a file-size limit (EFBIG)."""
+
+    hint = "free disk space, lower capacity=, or use on_full='evict'"
+
+    def __init__(self, message: str, *, err: int = _errno.ENOSPC, hint: str | None = None) -> None:
+        MMReplayError.__init__(self, message, hint=hint)
+        self.errno = err
+        self.strerror = message
+
+
+class RayNotLoopbackError(MMReplayError, RuntimeError):
+    """A local Ray instance would listen on (or came up on) a non-loopback address; none is left running."""
+
+    hint = "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before starting Python, or call ray.init() yourself"
+
+
+class ArchiveError(MMReplayError):
+    """An archive cannot be used for this: missing, of another store or format, or conflicting."""
+
+    hint = "check the archive URL; export a store into a new URL"
+
+
+class CorruptArchiveError(ArchiveError):
+    """An archive chunk or its metadata failed its check (crc32c mismatch, inconsistent table)."""
+
+    hint = "export the store again into a new archive, or restore the damaged chunk from a copy"

@@ -1,0 +1,3 @@
+"""The package version, in one place (stores, archives and runs record it)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,163 @@
+"""SegmentSupply: makes a writer session's segments ahead of need and retires full ones.
+
+Making a segment (the store-wide allocation lock, eviction, ``posix_fallocate``, the header,
+pre-faulting its pages) costs milliseconds; making a sealed one durable costs a disk write. Both
+run in background threads so that the append path only swaps pointers:
+
+* the writer makes its first segment when it opens (pre-faulted: its appends then cost no
+  page-cache allocation, like a buffer allocated up front), the second in the background once
+  the first is half full, and each later one as soon as it takes the previous (a whole segment's
+  time to make it), so a writer holds at most one spare segment of disk beyond the one it
+  writes, and a short session makes no spare at all;
+* ``prefetch()`` starts making the session's next segment in the background; ``next()`` hands
+  out segments in chain order, waiting for the background one only if it is not ready yet;
+  ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans segments fails
+  on a full disk *before* any of it is written;
+* ``retire(seg)`` closes a sealed segment: durably in the background for ``segment``
+  durability (``wait()`` collects those syncs and raises their errors), at once otherwise.
+
+Every segment of a session is written by that session only; the chain index
+and first sequence number in its header let readers follow a lane from segment to segment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from .format import Header
+from ..core.fs import fsync_dir
+from ..core.errors import DiskFullError
+from .segment import Segment, now_ns
+from .locks import ALLOC
+
+if TYPE_CHECKING:
+    from .store import ReplayStore
+
+
+class SegmentSupply:
+    """Segments for one writer session (used under the writer's mutex)."""
+
+    def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epoch: int, durability: str) -> None:
+        self.store = store
+        self.writer_id = writer_id
+        self.lanes = lanes
+        self.usable = usable
+        self.epoch = epoch
+        self.durability = durability
+        self._next_chain = 0
+        self._ready: deque[Segment] = deque()
+        self._pending: Future[Segment] | None = None
+        self._allocator: ThreadPoolExecutor | None = None
+        self._syncer: ThreadPoolExecutor | None = None
+        self._syncs: list[Future[None]] = []
+
+    # -- making ---------------------------------------------------------------------------
+    def _make(self, chain_index: int) -> Segment:
+        store = self.store
+        durable = self.durability == "batch"
+        alloc = store.lock(ALLOC)
+        alloc.acquire(exclusive=True, blocking=True)
+        try:
+            store.evict_for_new_segment(pending_rows=len(self._ready) * self.usable)  # made for this batch
+            header = Header(
+                store_uuid=store.store_uuid, segment_id=store.allocate_segment_id(durable=durable),
+                writer_id=self.writer_id, lanes=self.lanes, session_epoch=self.epoch, chain_index=chain_index,
+                first_seq=chain_index * self.usable, schema_hash=store.schema.hash,
+                segment_records=store.segment_records, usable_records=self.usable,
+                file_size=store.layout.file_size, created_ns=now_ns(),
+            )
+            try:
+                return Segment.create(store.segments_dir, header, store.layout, durable=durable)
+            except DiskFullError:
+                # on_full="evict": free one sealed segment whatever the capacity, then retry once
+                if store.on_full != "evict" or not store.evict_for_new_segment(force_one=True):
+                    raise
+                return Segment.create(store.segments_dir, header, store.layout, durable=durable)
+        finally:
+            alloc.release()
+
+    def _collect(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._ready.append(pending.result())
+
+    @property
+    def idle(self) -> bool:
+        """No segment is ready or being made (``prefetch()`` would start one)."""
+        return not self._ready and self._pending is None and self.usable > 1
+
+    def prefetch(self) -> None:
+        """Start making the next segment in the background, unless one is ready or coming."""
+        if not self.idle:
+            return
+        if self._allocator is None:
+            self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
+        self._pending = self._allocator.submit(self._make, self._next_chain)
+        self._next_chain += 1
+
+    def ensure(self, count: int) -> None:
+        """Have ``count`` segments ready (raises ``DiskFullError`` before anything is written)."""
+        if len(self._ready) < count:
+            self._collect()
+        while len(self._ready) < count:
+            self._ready.append(self._make(self._next_chain))
+            self._next_chain += 1
+
+    def next(self) -> Segment:
+        """The session's next segment, in chain order."""
+        self.ensure(1)
+        return self._ready.popleft()
+
+    # -- retiring -------------------------------------------------------------------------
+    def retire(self, seg: Segment) -> None:
+        """Close a sealed segment, durably unless ``durability="process"``."""
+        self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
+        if self.durability == "process":
+            seg.close()
+        elif self.durability == "batch":
+            seg.close(fdatasync=True)
+        else:
+            if self._syncer is None:
+                self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
+            self._syncs.append(self._syncer.submit(seg.close_durable, seg.control.committed))
+
+    def wait(self) -> None:
+        """Wait for background syncs; re-raise the first error one of them hit."""
+        syncs, self._syncs = self._syncs, []
+        for f in syncs:
+            exc = f.exception()
+            if exc is not None:
+                raise exc
+
+    @staticmethod
+    def discard(seg: Segment) -> None:
+        """Delete a segment that never held a row (``.deleted`` rename first, like eviction)."""
+        path = seg.path
+        seg.close()
+        doomed = path.with_name(path.name + ".deleted")
+        os.rename(path, doomed)
+        doomed.unlink(missing_ok=True)  # another process opening the store may finish a .deleted first
+        fsync_dir(path.parent)
+
+    def close(self) -> None:
+        """Wait for syncs, delete unused spare segments, stop the threads."""
+        try:
+            if self._syncer is not None:
+                self._syncer.shutdown(wait=True)
+            self.wait()
+        finally:
+            self.drop_spares()
+            if self._allocator is not None:
+                self._allocator.shutdown(wait=True)
+
+    def drop_spares(self) -> None:
+        """Delete the segments made ahead of need (the next roll then makes one on the spot)."""
+        try:
+            self._collect()
+        except Exception:  # noqa: S110 - a spare that failed to be made holds no data
+            pass
+        while self._ready:
+            self.discard(self._ready.popleft())

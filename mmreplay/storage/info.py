@@ -1,0 +1,113 @@
+"""Store statistics for ``ReplayStore.info()`` and ``mmreplay info`` (plain data, no printing),
+including the storage tiers as this process sees them (:func:`tier_summary`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .format import STATE_NAMES, STATE_SEALED
+from ..core.fs import MADV_DONTNEED, MADV_SEQUENTIAL
+
+if TYPE_CHECKING:
+    from .store import ReplayStore
+
+
+def store_info(store: ReplayStore) -> dict[str, Any]:
+    store.refresh()
+    r = store.reader
+    s = r.snapshot
+    segs = sorted(r.segments.values(), key=lambda m: m.header.segment_id)
+    transitions = 0
+    episodes = 0
+    size = store.layout.file_size
+    for k, m in enumerate(segs):
+        # counting reads every record's flags: the whole segment, in order. Read-ahead for the
+        # scan (the window is MADV_RANDOM for sampling), then back to the sampling hint and no
+        # page left mapped (a store larger than RAM must not end up in this process's RSS).
+        mapped = m.header.segment_id not in r.pinned  # a RAM copy (tiers.py) is left alone
+        if mapped:
+            r.region.advise(m.window, size, MADV_SEQUENTIAL)
+        transitions += int(store.valid_transition_mask(k).sum())
+        episodes += int(r.is_last[m.window, : m.committed].sum())
+        if mapped:
+            r.region.advise(m.window, size, MADV_DONTNEED)
+            r._advise(m)
+    disk = 0
+    with os.scandir(store.segments_dir) as it:
+        for e in it:
+            try:
+                disk += e.stat().st_blocks * 512
+            except FileNotFoundError:  # evicted (renamed .deleted, then unlinked) while we listed it
+                continue
+    writers = sorted({m.header.writer_id for m in segs})
+    try:
+        stats = json.loads((store.path / "stats.json").read_text())
+    except (FileNotFoundError, ValueError):
+        stats = {}
+    return {
+        "path": str(store.path),
+        "store_uuid": store.store_uuid.hex(),
+        "schema": [{"name": f.name, "dtype": str(f.dtype), "shape": list(f.shape)} for f in store.schema.fields],
+        "rows": int(s.total_rows),
+        "transitions": transitions,
+        "episodes": episodes,
+        "capacity": store.capacity,
+        "segment_records": store.segment_records,
+        "segments": len(segs),
+        "segments_open": sum(1 for m in segs if STATE_NAMES.get(m.state) == "open"),
+        "segment_bytes": store.layout.file_size,
+        "bytes_on_disk": disk,
+        "writers": writers,
+        "evicted_segments": int(stats.get("evicted_segments", 0)),
+        "unreadable_segments": dict(r.skipped),
+        "metadata": store.metadata,
+        "provenance": store.provenance(),
+        "created_at": store.manifest.get("created_at"),
+        "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
+        "tiers": tier_summary(store),
+    }
+
+
+def tier_summary(store: ReplayStore) -> dict[str, Any]:
+    """The store's tiers as seen from this process: open segments (hot), sealed segments on
+    disk and how much of them the page cache holds (warm, ``mincore``), and the machine's RAM;
+    ``suggested_mode`` is ``"exact"`` when the whole store fits in the RAM available, else
+    ``"windowed"``."""
+    reader = store.reader
+    size = store.layout.file_size
+    hot = warm = cached_hot = cached_warm = 0
+    for m in reader.segments.values():
+        cached = reader.region.cached_bytes(m.window, size)
+        if m.state == STATE_SEALED:
+            warm += 1
+            cached_warm += cached
+        else:
+            hot += 1
+            cached_hot += cached
+    mem = _meminfo()
+    total = (hot + warm) * size
+    avail = mem.get("MemAvailable", 0)
+    return {
+        "hot": {"open_segments": hot, "bytes": hot * size, "in_ram_bytes": cached_hot},
+        "warm": {"sealed_segments": warm, "bytes": warm * size, "page_cache_bytes": cached_warm},
+        "ram": {"total_bytes": mem.get("MemTotal", 0), "available_bytes": avail},
+        "store_to_ram": total / mem["MemTotal"] if mem.get("MemTotal") else None,
+        "suggested_mode": "exact" if total <= 0.8 * avail else "windowed",
+    }
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                name, _, rest = line.partition(":")
+                if name in ("MemTotal", "MemAvailable"):
+                    out[name] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out

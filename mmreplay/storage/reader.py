@@ -1,0 +1,385 @@
+"""StoreReader: a process's read-only view of every segment of a store, and row gathers.
+
+The reader maps every live segment file read-only into one reserved address range
+(``_fs.AddressRegion``), one equal-sized window per segment. Because every segment of a store
+has the same layout, a field is one strided numpy array of shape
+``(windows, segment_records, *field_shape)`` over that range, and a batch gather is **one fancy
+index per field whatever the number of segments** (``column[window_ids, slots]``).
+
+Invariants kept here:
+
+* a reader takes no locks and writes nothing, so a store on a read-only mount can be read;
+* rows at or beyond a segment's ``committed`` count as of the last ``refresh()`` are never read
+  (SQLite's ``mxFrame`` snapshot); ``refresh()`` also checks the stamp of the last committed row
+  and keeps the older count if it is not there yet;
+* a segment deleted by eviction stays mapped, and readable, until the next ``refresh()``;
+* a file is checked (header, store uuid, schema, size) before it is mapped: never a SIGBUS;
+* access hints: a sealed segment's window is ``MADV_RANDOM`` (random sampling: a fault reads
+  the page it needs, not a read-ahead window of pages nobody asked for); an open segment's is
+  ``MADV_NORMAL`` with ``MADV_WILLNEED`` over its committed rows when first mapped (its newest
+  rows are read soon after they are written), and turns ``MADV_RANDOM`` when it is sealed;
+* a window may hold a **RAM copy** of a sealed segment instead of the file mapping (``pin``:
+  the learner's resident set, ``tiers.py``). The copy is moved in with one atomic ``mremap``
+  and the file is mapped back the same way (``unpin``), so a thread reading the window sees
+  identical bytes throughout (sealed segments never change). Copies survive ``refresh()`` and
+  region growth, go when their segment is evicted, and are never touched by ``unmap_pages()``.
+
+Global row ids are ``segment_id * segment_records + slot``: stable for the life of a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, read_control
+from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
+from ..core.errors import CorruptSegmentError
+from .segment import parse_segment_name, read_segment_meta
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
+_HUGE_SLOTS = 8 * HUGE_PAGE  # segments at least this large get HUGE_PAGE-multiple windows (<= 25% more)
+
+
+# columns of the segment table (one row per snapshot segment), the compiled kernels' view of a snapshot
+SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED, SEG_FIRST = range(9)
+SEG_COLS = 9
+
+
+@dataclass(slots=True)
+class _Mapped:
+    """One segment as this reader knows it."""
+
+    name: str
+    header: Header
+    window: int
+    committed: int
+    state: int
+    version: int = 0
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Arrays describing the live segments in segment-id order (index ``k``)."""
+
+    segment_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    windows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    committed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    usable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    lanes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Writer-session row number of each segment's slot 0."""
+    """Index of the previous segment of the same writer session (-1 if none or evicted)."""
+    """Index of the next segment of the same writer session, or -1."""
+    cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sealed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    """Whether each segment is sealed (immutable); the others are open (being written)."""
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.cum_end[-1]) if len(self.cum_end) else 0
+
+
+class StoreReader:
+    """Maps a store's segments and gathers rows by id. Owned by ``ReplayStore``."""
+
+    def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *,
+                 initial_windows: int = 16, on_corrupt: str = "raise", verify: str = "off") -> None:
+        self.on_corrupt = on_corrupt
+        self.verify = verify
+        self.dir = segments_dir
+        self.layout = layout
+        self.store_uuid = store_uuid
+        self.schema_hash = schema_hash
+        self.R = layout.segment_records
+        self.segments: dict[int, _Mapped] = {}
+        slot = layout.file_size
+        if slot >= _HUGE_SLOTS:
+            slot = -(-slot // HUGE_PAGE) * HUGE_PAGE
+        self.copy_bytes = slot
+        """Bytes of a RAM copy (``pin``): the file, rounded up to whole huge pages when the
+        windows allow it."""
+        self.region = AddressRegion(max(initial_windows, 4), slot)
+        self._free = list(range(self.region.slots - 1, -1, -1))
+        self.columns: dict[str, np.ndarray] = {}
+        self.is_last: np.ndarray
+        self.stamps: np.ndarray
+        self._build_views()
+        self.snapshot = Snapshot()
+        self._table: np.ndarray | None = None
+        self.skipped: dict[str, str] = {}
+        self.last_scan = 0.0
+        self.pinned: dict[int, int] = {}
+        """Segment id -> open fd of each segment whose window holds a RAM copy (``pin``)."""
+        self.pin_owner: object | None = None  # the one resident set allowed to pin (tiers.py)
+        self._lock = threading.RLock()  # window changes: map, release, pin, unpin, unmap_pages
+
+    # -- mapping --------------------------------------------------------------------------
+    def _build_views(self) -> None:
+        buf = self.region.buffer
+        cols = {}
+        for c in self.layout.columns:
+            cols[c.name] = np.ndarray((self.region.slots, self.R, *c.shape), c.dtype, buffer=buf, offset=c.offset,
+                                      strides=c.strides((self.region.slot_bytes,)))
+        self.stamps = cols.pop(STAMPS)
+        self.is_last = cols.pop(IS_LAST)
+        self.columns = cols
+        self.bytes = np.ndarray((self.region.size,), np.uint8, buffer=buf)  # the whole region, for kernels
+        self._control = np.ndarray((self.region.slots, 2 * CONTROL_SLOT_SIZE), np.uint8, buffer=buf,
+                                   offset=CONTROL_OFFSET, strides=(self.region.slot_bytes, 1))
+
+    def _grow(self) -> None:
+        """Move every mapping into a region twice the size (rare: more live segments than windows)."""
+        old = self.region
+        self.region = AddressRegion(old.slots * 2, old.slot_bytes)
+        remap = {}
+        for sid, m in self.segments.items():
+            if sid in self.pinned:  # a RAM copy moves with its window
+                self.region.move_into(m.window, old.address(m.window), self.copy_bytes)
+                remap[sid] = m.window
+                continue
+            fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.region.map_file(m.window, fd, self.layout.file_size)
+            finally:
+                os.close(fd)
+            self._advise(m)
+            remap[sid] = m.window
+        self._free = sorted(set(range(self.region.slots)) - set(remap.values()), reverse=True)
+        self._build_views()
+        old.close()
+
+    def _map(self, name: str, path: Path) -> _Mapped:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            header, control = read_segment_meta(fd, path, self.layout, self.store_uuid, self.schema_hash)
+            if not self._free:
+                self._grow()
+            window = self._free.pop()
+            try:
+                self.region.map_file(window, fd, self.layout.file_size)
+            except BaseException:
+                self._free.append(window)
+                raise
+        finally:
+            os.close(fd)
+        m = _Mapped(name, header, window, 0, 0)
+        self._read_control(m)
+        self._advise(m, first=True)
+        return m
+
+    def _advise(self, m: _Mapped, *, first: bool = False) -> None:
+        """Access hints by state (see the module docstring)."""
+        if m.state == STATE_SEALED:
+            self.region.advise(m.window, self.layout.file_size, MADV_RANDOM)
+            return
+        self.region.advise(m.window, self.layout.file_size, MADV_NORMAL)
+        if first and m.committed:
+            lo, hi = self.layout.records_span(0, m.committed)
+            self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
+
+    # -- refresh --------------------------------------------------------------------------
+    def refresh(self, *, scan: bool = True) -> None:
+        """Pick up new segments (``scan``), new rows and evicted segments."""
+        with self._lock:
+            if scan:
+                self._scan()
+            for m in self.segments.values():
+                if m.state != STATE_SEALED:
+                    self._read_control(m)  # sealed segments are immutable
+                    if m.state == STATE_SEALED:
+                        self._advise(m)
+            self._rebuild()
+
+    def _scan(self) -> None:
+        seen: dict[int, str] = {}
+        with os.scandir(self.dir) as it:
+            for e in it:
+                parsed = parse_segment_name(e.name)
+                if parsed is not None:
+                    seen[parsed[0]] = e.name
+        for sid in [s for s in self.segments if s not in seen]:
+            self._free.append(self.segments.pop(sid).window)
+            self.region.release(self._free[-1])  # frees a RAM copy too
+            fd = self.pinned.pop(sid, None)
+            if fd is not None:
+                os.close(fd)
+        for sid, name in seen.items():
+            if sid in self.segments or name in self.skipped:
+                continue
+            try:
+                self.segments[sid] = self._map(name, self.dir / name)
+            except FileNotFoundError:
+                continue  # evicted between listing and opening
+            except CorruptSegmentError as exc:
+                if self.on_corrupt == "raise":
+                    raise
+                self.skipped[name] = str(exc)
+                log.warning("skipping %s", exc)
+        self.last_scan = time.monotonic()
+
+    def _read_control(self, m: _Mapped) -> None:
+        control, _ = read_control(self._control[m.window].tobytes())
+        if control is None or control.version == m.version:
+            return
+        n = min(control.committed, m.header.usable_records)
+        # stamps are written before the count that points at them; if the last one is not
+        # visible yet (weakly ordered CPU), keep the previous count
+        if n > m.committed and self.stamps[m.window, n - 1]["seq"] != m.header.first_seq + n:
+            return
+        if self.verify != "off" and n > m.committed:
+            n = self._verified(m, n)
+        m.committed, m.state, m.version = n, control.state, control.version
+
+    def _verified(self, m: _Mapped, n: int) -> int:
+        """Check the new rows' stamps and checksums before they become visible (``verify=``)."""
+        from .recovery import check_groups
+
+        w = m.window
+        base = w * self.region.slot_bytes
+        view = self.bytes[base : base + self.layout.file_size]
+        good = check_groups(m.header, self.layout, self.stamps[w], view, m.committed, n)
+        if good >= n:
+            return n
+        msg = f"{self.dir / m.name}: row {good} fails its stamp or crc32c check"
+        if self.verify == "strict":
+            raise CorruptSegmentError(msg, hint="run `mmreplay verify --repair`, or open with verify='salvage'")
+        log.warning("%s; rows from there on are left out (verify='salvage')", msg)
+        self.skipped[m.name] = msg
+        return good
+
+    def _rebuild(self) -> None:
+        ms = sorted(self.segments.values(), key=lambda m: m.header.segment_id)
+        s = Snapshot()
+        s.segment_ids = np.array([m.header.segment_id for m in ms], np.int64)
+        s.windows = np.array([m.window for m in ms], np.int64)
+        s.committed = np.array([m.committed for m in ms], np.int64)
+        s.usable = np.array([m.header.usable_records for m in ms], np.int64)
+        s.lanes = np.array([m.header.lanes for m in ms], np.int64)
+        s.cum_end = np.cumsum(s.committed)
+        s.sealed = np.array([m.state == STATE_SEALED for m in ms], np.bool_)
+        chain = {(m.header.writer_id, m.header.session_epoch, m.header.chain_index): k for k, m in enumerate(ms)}
+        s.succ = np.array(
+            [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index + 1), -1) for m in ms],
+            np.int64,
+        )
+        s.first_seq = np.array([m.header.first_seq for m in ms], np.int64)
+        s.pred = np.array(
+            [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index - 1), -1) for m in ms],
+            np.int64,
+        )
+        self.snapshot = s
+        self._table = None
+
+    def segment_table(self) -> np.ndarray:
+        """The snapshot as one int64 table for the compiled kernels (built once per refresh)."""
+        if self._table is None:
+            s = self.snapshot
+            t = np.empty((len(s.cum_end), SEG_COLS), np.int64)
+            t[:, SEG_CUM_END] = s.cum_end
+            t[:, SEG_COMMITTED] = s.committed
+            t[:, SEG_USABLE] = s.usable
+            t[:, SEG_LANES] = s.lanes
+            t[:, SEG_SUCC] = s.succ
+            t[:, SEG_BASE] = s.windows * self.region.slot_bytes + self.layout.records_offset
+            t[:, SEG_ID] = s.segment_ids
+            t[:, SEG_PRED] = s.pred
+            t[:, SEG_FIRST] = s.first_seq
+            self._table = t
+        return self._table
+
+    def close(self) -> None:
+        with self._lock:
+            self.columns = {}
+            self.segments.clear()
+            for fd in self.pinned.values():
+                os.close(fd)
+            self.pinned.clear()
+            self.region.close()
+
+    # -- RAM copies and mapped pages (the tiers, ``tiers.py``) ------------------------------
+    def pin(self, segment_id: int, addr: int, fd: int) -> bool:
+        """Move a RAM copy of sealed segment ``segment_id`` (``copy_bytes`` at ``addr``, an
+        anonymous mapping holding the file from its start) into its window; ``fd`` (the segment
+        file, kept open to map it back) is owned by the reader from then on. Returns False, and
+        frees the copy and ``fd``, if the segment is no longer live or not sealed."""
+        with self._lock:
+            m = self.segments.get(segment_id)
+            if m is None or m.state != STATE_SEALED or segment_id in self.pinned or self.region._closed:
+                from ..core.fs import unmap
+
+                unmap(addr, self.copy_bytes)
+                os.close(fd)
+                return False
+            self.region.move_into(m.window, addr, self.copy_bytes)
+            self.pinned[segment_id] = fd
+            return True
+
+    def unpin(self, segment_id: int) -> None:
+        """Map segment ``segment_id``'s file back over its RAM copy (which is freed)."""
+        with self._lock:
+            fd = self.pinned.pop(segment_id, None)
+            if fd is None:
+                return
+            try:
+                m = self.segments.get(segment_id)
+                if m is not None:
+                    self.region.map_file(m.window, fd, self.layout.file_size)  # atomic over the copy
+                    if self.copy_bytes > self.layout.file_size:  # the copy's tail past the file
+                        self.region.release(m.window, self.layout.file_size)
+                    self._advise(m)
+            finally:
+                os.close(fd)
+
+    def unmap_pages(self) -> None:
+        """Drop this process's page-table entries for every file-mapped window
+        (``MADV_DONTNEED``): the pages stay in the page cache (a later read maps them again,
+        or reads them from disk if the kernel reclaimed them) but no longer count in this
+        process's resident memory. RAM copies are left alone."""
+        with self._lock:
+            size = self.layout.file_size
+            pinned = {self.segments[s].window for s in self.pinned if s in self.segments}
+            for m in self.segments.values():
+                if m.window not in pinned:
+                    self.region.advise(m.window, size, MADV_DONTNEED)
+
+    # -- row addressing -------------------------------------------------------------------
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Snapshot indices ``k`` and slots of global row ids; raises on ids not visible."""
+        s = self.snapshot
+        ids = np.asarray(ids, np.int64)
+        sid, slot = np.divmod(ids, self.R)
+        k = np.searchsorted(s.segment_ids, sid)
+        kc = np.minimum(k, max(len(s.segment_ids) - 1, 0))
+        if len(s.segment_ids) == 0 or not (
+            (s.segment_ids[kc] == sid).all() and (slot < s.committed[kc]).all() and (ids >= 0).all()
+        ):
+            raise KeyError("some row ids are not visible in this snapshot (evicted, unpublished or invalid)")
+        return kc, slot
+
+    def successors(self, k: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where the next row of the same lane is: ``(ok, k_next, slot_next)``."""
+        s = self.snapshot
+        nxt = slot + s.lanes[k]
+        in_seg = nxt < s.committed[k]
+        succ = s.succ[k]
+        nslot = nxt - s.usable[k]
+        cross = (nxt >= s.usable[k]) & (succ >= 0)
+        cross &= nslot < s.committed[np.maximum(succ, 0)]
+        ok = in_seg | cross
+        return ok, np.where(in_seg, k, np.maximum(succ, 0)), np.where(in_seg, nxt, np.maximum(nslot, 0))
+
+    def gather(self, name: str, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """Rows ``slot`` of segments ``k`` of field ``name`` (a copy)."""
+        return self.columns[name][self.snapshot.windows[k], slot]

@@ -1,0 +1,252 @@
+"""Segment: one fixed-size, preallocated, memory-mapped file written by exactly one writer session.
+
+Invariants kept here:
+
+* a segment file is created as a hidden ``.tmp``, ``posix_fallocate``d to its full size, given
+  its header and first control slot, fsynced, then renamed into place (and the directory
+  fsynced): a reader never sees a half-made segment, and a full disk is a ``DiskFullError``;
+* a file is never truncated nor reused: eviction renames it to ``.deleted`` and unlinks it, so a
+  reader still mapping it keeps reading valid bytes;
+* ``open_segment_file`` checks magic, version, header crc, store uuid, schema hash and the file
+  size **before** mapping, so a short or foreign file is an error, never a SIGBUS;
+* publishing writes the control slot not written last, so a torn control write leaves the
+  previous, valid one;
+* a segment handle (writer, recovery, verify) maps its file ``MADV_SEQUENTIAL``: rows are
+  written and scanned in order, read-ahead is welcome, and pages referenced only through
+  this mapping are reclaimed early once written back (the learner's reader maps the same file
+  with its own hints, ``reader.py``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .format import (
+    CONTROL_CRC_STRUCT,
+    CONTROL_OFFSET,
+    CONTROL_SLOT_SIZE,
+    CONTROL_STRUCT,
+    DATA_OFFSET as DATA_OFFSET_PAGE,
+    IS_LAST,
+    PAGE_SIZE,
+    STAMPS,
+    STATE_OPEN,
+    Control,
+    Header,
+    Layout,
+    crc32c,
+    read_control,
+)
+from ..core import failpoint as _failpoint
+from ..core.fs import fallocate, fsync_dir, msync, populate_write
+from ..core.errors import CorruptSegmentError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_NAME = re.compile(r"^(\d{13})-w(\d{3,})\.seg$")
+
+
+def segment_name(segment_id: int, writer_id: int) -> str:
+    return f"{segment_id:013d}-w{writer_id:03d}.seg"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def read_segment_meta(fd: int, path: object, layout: Layout, store_uuid: bytes, schema_hash: int) -> tuple[Header, Control | None]:
+    """Read and check a segment's header and control page through ``fd`` (no mapping)."""
+    size = os.fstat(fd).st_size
+    buf = os.pread(fd, 2 * PAGE_SIZE, 0)
+    header = Header.unpack(buf, path)
+    if header.store_uuid != store_uuid:
+        raise CorruptSegmentError(f"{path}: store_uuid mismatch (segment of another store)")
+    if header.schema_hash != schema_hash:
+        raise CorruptSegmentError(f"{path}: schema hash mismatch (segment of another schema)")
+    if header.segment_records != layout.segment_records or header.file_size != layout.file_size:
+        raise CorruptSegmentError(
+            f"{path}: layout mismatch: {header.segment_records} records / {header.file_size} bytes, "
+            f"store expects {layout.segment_records} / {layout.file_size}"
+        )
+    if size < header.file_size:
+        raise CorruptSegmentError(f"{path}: file is {size} bytes, header says {header.file_size} (truncated)")
+    if not 0 < header.lanes <= header.usable_records <= header.segment_records:
+        raise CorruptSegmentError(f"{path}: header has lanes={header.lanes}, usable={header.usable_records}")
+    control, _ = read_control(buf[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE])
+    return header, control
+
+
+class Segment:
+    """A mapped segment: the writer's or recovery's read-write handle, or verify's read-only one."""
+
+    def __init__(self, path: Path, fd: int, header: Header, layout: Layout, control: Control, slot: int,
+                 *, writable: bool = True) -> None:
+        self.path = path
+        self.header = header
+        self.layout = layout
+        self._fd = fd
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self.mm = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED, prot)
+        self.mm.madvise(mmap.MADV_SEQUENTIAL)
+        self.control = control
+        self._slot = slot  # index of the control slot holding ``control``
+        self.columns: dict[str, np.ndarray] = {
+            c.name: np.ndarray((layout.segment_records, *c.shape), c.dtype, buffer=self.mm, offset=c.offset,
+                               strides=c.strides())
+            for c in layout.columns
+        }
+        self.stamps = self.columns.pop(STAMPS)
+        self.is_last = self.columns.pop(IS_LAST)
+        self.records = np.ndarray((layout.segment_records,), layout.record_dtype, buffer=self.mm,
+                                  offset=layout.records_offset)
+        # one 2D view per contiguous run of float fields, for finiteness checks of written rows
+        self.float_runs = [
+            np.ndarray((layout.segment_records, n), dt, buffer=self.mm, offset=layout.records_offset + off,
+                       strides=(layout.record_bytes, dt.itemsize))
+            for dt, off, n in layout.float_runs
+        ]
+        # (view, small): a few floats sum faster as Python floats than through a numpy reduction
+        self.float_checks = [(v, v.shape[1] <= 64) for v in self.float_runs]
+        self.stamp_seq = self.stamps["seq"]
+        # crc (low 32 bits) and group length (high 32 bits) as one little-endian u64 per row
+        self.stamp_tail = np.ndarray((layout.segment_records,), np.dtype("<u8"), buffer=self.mm,
+                                     offset=layout.stamps_offset + 8, strides=(16,))
+        self.view = memoryview(self.mm)
+        self.dir_synced = False  # the directory entry is known to be on disk
+
+    # -- creation -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, directory: Path, header: Header, layout: Layout, *, durable: bool = False) -> Segment:
+        """Create, preallocate, stamp and publish a new empty OPEN segment file.
+
+        Without ``durable`` the file and directory are not fsynced here (that would queue behind
+        other segments' writeback on the append path); ``make_durable`` does it before any row
+        of the segment is counted as synced, and after a crash a segment whose header never
+        reached the disk reads as zeros and is removed by recovery as an unfinished creation.
+        """
+        name = segment_name(header.segment_id, header.writer_id)
+        tmp = directory / f".{name}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fallocate(fd, layout.file_size, directory / name)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("after_fallocate")
+            os.pwrite(fd, header.pack(), 0)
+            os.pwrite(fd, Control(1, 0, 0, STATE_OPEN).pack(), CONTROL_OFFSET)
+            if durable:
+                os.fsync(fd)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("before_rename")
+            os.rename(tmp, directory / name)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        if durable:
+            fsync_dir(directory)
+        seg = cls(directory / name, fd, header, layout, Control(1, 0, 0, STATE_OPEN), 0)
+        seg.dir_synced = durable
+        # pre-fault the data pages writable now (one call, the GIL released): appends then take
+        # no page fault per new page. The writer makes its next segment ahead of need in a
+        # background thread, so this runs beside the append path, not on it.
+        populate_write(seg.mm, DATA_OFFSET_PAGE)
+        return seg
+
+    @classmethod
+    def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *, writable: bool = True) -> Segment:
+        """Map an existing segment after checking its header and size (never past EOF)."""
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        try:
+            header, control = read_segment_meta(fd, path, layout, store_uuid, schema_hash)
+            buf = os.pread(fd, 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
+            _, slot = read_control(buf)
+            return cls(path, fd, header, layout, control or Control(0, 0, 0, STATE_OPEN), slot, writable=writable)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # -- control --------------------------------------------------------------------------
+    def publish(self, committed: int, synced: int | None = None, state: int | None = None, seal_crc: int | None = None) -> None:
+        """Write the next control slot: makes rows ``< committed`` visible to readers."""
+        c = self.control
+        synced = c.synced if synced is None else synced
+        state = c.state if state is None else state
+        seal_crc = c.seal_crc if seal_crc is None else seal_crc
+        slot = 1 - self._slot
+        off = CONTROL_OFFSET + slot * CONTROL_SLOT_SIZE
+        mm = self.mm
+        CONTROL_STRUCT.pack_into(mm, off, c.version + 1, committed, synced, state, seal_crc)
+        CONTROL_CRC_STRUCT.pack_into(mm, off + CONTROL_STRUCT.size, crc32c(self.view[off : off + CONTROL_STRUCT.size]))
+        self.control, self._slot = Control(c.version + 1, committed, synced, state, seal_crc), slot
+
+    def sync_rows(self, start: int, stop: int) -> None:
+        """msync the payload, flags and stamps of rows ``[start, stop)`` (before publishing them as synced)."""
+        if stop <= start:
+            return
+        lay = self.layout
+        for lo, hi in (lay.records_span(start, stop), (lay.stamps_offset + 16 * start, lay.stamps_offset + 16 * stop)):
+            lo = lo // PAGE_SIZE * PAGE_SIZE
+            msync(self.mm, lo, hi - lo)
+
+    def make_durable(self, start: int, stop: int) -> None:
+        """msync rows ``[start, stop)``, fdatasync, and fsync the directory once: after this the
+        rows, and the file holding them, survive a power loss (then publish them as synced)."""
+        self.sync_rows(start, stop)
+        if not self.dir_synced:
+            os.fdatasync(self._fd)
+            fsync_dir(self.path.parent)
+            self.dir_synced = True
+
+    def sync_control(self) -> None:
+        msync(self.mm, CONTROL_OFFSET, PAGE_SIZE)
+
+    def close_durable(self, n: int) -> None:
+        """Close a sealed segment so that its ``n`` rows survive a power loss, then record them
+        as synced. The mapping is dropped *before* ``fdatasync``: writing back pages that are
+        still mapped makes the kernel write-protect them one by one (TLB shootdowns that stall
+        the appending thread); unmapped, the page cache is simply written out."""
+        fd = self._fd
+        self._unmap()
+        os.fdatasync(fd)
+        if not self.dir_synced:
+            fsync_dir(self.path.parent)
+        c = self.control
+        new = Control(c.version + 1, c.committed, n, c.state, c.seal_crc)
+        os.pwrite(fd, new.pack(), CONTROL_OFFSET + (1 - self._slot) * CONTROL_SLOT_SIZE)
+        os.close(fd)
+        self._fd = -1
+
+    def _unmap(self) -> None:
+        self.columns.clear()
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records
+        self.float_runs.clear()
+        self.float_checks.clear()
+        self.view.release()
+        self.mm.close()
+
+    def close(self, *, fdatasync: bool = False) -> None:
+        if self._fd < 0:
+            return
+        self.columns.clear()
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records
+        self.float_runs.clear()
+        self.float_checks.clear()
+        self.view.release()
+        if fdatasync:
+            msync(self.mm, 0, self.layout.file_size)
+            os.fdatasync(self._fd)
+        self.mm.close()
+        os.close(self._fd)
+        self._fd = -1
+
+
+def now_ns() -> int:
+    return time.time_ns()

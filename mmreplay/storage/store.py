@@ -1,0 +1,540 @@
+"""ReplayStore: create and open a store directory; allocation and eviction of segments.
+
+Directory layout::
+
+    STORE.json     immutable manifest: format, store uuid, schema, segment size, capacity (+crc32c)
+    counters.bin   next segment id, two checksummed slots (LMDB double meta), under alloc.lock
+    locks/         admin.lock (writers hold it shared), alloc.lock, writer-NNN.lock
+    segments/      NNNNNNNNNNNNN-wWWW.seg files; .tmp while being made, .deleted while evicted
+
+Invariants kept here:
+
+* ``create_store`` fails if the path exists; the manifest is written temp → fsync → rename and
+  the directory only becomes a store once STORE.json is in place;
+* opening reads only the manifest and each segment's first two pages: it costs the same for a
+  thousand rows or a hundred million;
+* segment ids only grow (the counter is persisted before a segment is made), and only the
+  allocation/eviction critical section takes the store-wide ``alloc.lock``, for milliseconds;
+* eviction deletes the oldest *sealed* segments, never an open one, and only while the sealed
+  segments left still hold at least ``capacity`` rows (so a full store keeps at least
+  ``capacity`` rows, and at most ``capacity`` plus one segment, plus one segment per writer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ..core.version import __version__
+from ..core import failpoint as _failpoint
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_OPEN, STATE_SEALED, Layout, crc32c, read_control
+from ..core.fs import atomic_write, fsync_dir, writable_error
+from .locks import FileLock
+from ..core.errors import (
+    CorruptStoreError,
+    FormatVersionError,
+    ReadOnlyStoreError,
+    SchemaError,
+    StoreClosedError,
+    StoreExistsError,
+    StoreFullError,
+    StoreNotFoundError,
+)
+from .reader import StoreReader
+from ..core.schema import Schema
+from .segment import parse_segment_name
+from .locks import LOCK_NAMES
+
+if TYPE_CHECKING:
+    from .writer import Durability, Writer
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "STORE.json"
+STORE_MAGIC = "mmreplay-store"
+STORE_FORMAT = 1
+_COUNTER = struct.Struct("<QQ")
+_COUNTER_SLOT = 32
+
+OnFull = Literal["evict", "error"]
+
+
+def default_segment_records(schema: Schema, target_bytes: int = 32 << 20) -> int:
+    """Rows per segment so that a segment is about ``target_bytes`` (a multiple of 1024)."""
+    per_row = Layout.of(schema, 1).record_bytes + 16
+    return int(min(1 << 20, max(1024, target_bytes // per_row // 1024 * 1024)))
+
+
+def create_store(
+    path: str | os.PathLike[str],
+    schema: Schema,
+    capacity: int = 1_000_000,
+    *,
+    segment_records: int | None = None,
+    on_full: OnFull = "evict",
+    metadata: dict[str, Any] | None = None,
+) -> ReplayStore:
+    """Create a new store at ``path`` (which must not exist) and open it with ``mode="a"``.
+
+    Parameters
+    ----------
+    capacity
+        Rows kept once full: when a new segment is needed, the oldest sealed segments are
+        deleted while the others still hold at least ``capacity`` rows (``on_full="evict"``),
+        or ``StoreFullError`` is raised (``on_full="error"``).
+    segment_records
+        Rows per segment file (default: about 32 MiB per segment). A writer with ``lanes``
+        lanes uses ``segment_records // lanes * lanes`` of them.
+    metadata
+        JSON-serialisable facts about the data (env id, policy, seeds), kept in the manifest.
+    """
+    p = Path(path)
+    if not isinstance(schema, Schema):
+        raise SchemaError(f"`schema` must be a mmreplay.Schema, got {type(schema).__name__}")
+    segment_records = default_segment_records(schema) if segment_records is None else int(segment_records)
+    if segment_records < 1:
+        raise ValueError(f"`segment_records` must be >= 1, got {segment_records}")
+    if capacity < 1:
+        raise ValueError(f"`capacity` must be >= 1, got {capacity}")
+    if on_full not in ("evict", "error"):
+        raise ValueError(f"`on_full` must be 'evict' or 'error', got {on_full!r}")
+    try:
+        p.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise StoreExistsError(f"{p} already exists") from None
+    except OSError as exc:
+        raise writable_error(exc, p) from exc
+    (p / "segments").mkdir()
+    (p / "locks").mkdir()
+    _write_counter(p / "counters.bin", 0, 1)
+    body = {
+        "magic": STORE_MAGIC,
+        "format_version": STORE_FORMAT,
+        "store_uuid": uuid.uuid4().hex,
+        "schema": schema.to_json(),
+        "schema_hash": f"{schema.hash:016x}",
+        "segment_records": segment_records,
+        "capacity": int(capacity),
+        "on_full": on_full,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "mmreplay_version": __version__,
+        "metadata": metadata or {},
+    }
+    atomic_write(p / MANIFEST, _manifest_bytes(body))
+    fsync_dir(p.parent if str(p.parent) else Path("."))
+    return ReplayStore(p, "a")
+
+
+def open_store(
+    path: str | os.PathLike[str],
+    mode: Literal["r", "a"] = "r",
+    *,
+    on_corrupt: Literal["raise", "skip"] = "raise",
+    verify: Literal["off", "strict", "salvage"] = "off",
+) -> ReplayStore:
+    """Open an existing store: ``"r"`` to read (no locks, no writes) or ``"a"`` to also write.
+
+    ``on_corrupt``: a segment file with a bad header, wrong size or foreign origin raises
+    ``CorruptSegmentError`` (``"raise"``, the default) or is left out and reported by ``info()``
+    (``"skip"``). ``mmreplay verify --repair`` quarantines such files.
+
+    ``verify``: ``"off"`` (default) trusts checksummed rows once published; ``"strict"`` checks
+    every row's stamp and crc32c before it becomes visible and raises ``CorruptSegmentError`` on
+    a mismatch; ``"salvage"`` leaves the damaged rows (and the rest of their segment) out and
+    reports them in ``info()``. Checking costs one crc32c pass over the data, once.
+    """
+    if verify not in ("off", "strict", "salvage"):
+        raise ValueError(f"`verify` must be 'off', 'strict' or 'salvage', got {verify!r}")
+    if mode not in ("r", "a"):
+        raise ValueError(f"`mode` must be 'r' or 'a', got {mode!r}")
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"`on_corrupt` must be 'raise' or 'skip', got {on_corrupt!r}")
+    return ReplayStore(Path(path), mode, on_corrupt=on_corrupt, verify=verify)
+
+
+def _manifest_bytes(body: dict[str, Any]) -> bytes:
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps({**body, "crc32c": crc32c(canon)}, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _read_manifest(p: Path) -> dict[str, Any]:
+    try:
+        raw = (p / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        if not p.exists():
+            raise StoreNotFoundError(f"no store at {p}") from None
+        raise StoreNotFoundError(f"{p} is not an mmreplay store (no {MANIFEST})") from None
+    try:
+        data = json.loads(raw)
+        crc = data.pop("crc32c")
+    except (ValueError, KeyError, AttributeError) as exc:
+        raise CorruptStoreError(f"{p / MANIFEST}: not a valid manifest ({exc})") from None
+    canon = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    if crc != crc32c(canon):
+        raise CorruptStoreError(f"{p / MANIFEST}: checksum mismatch")
+    if data.get("magic") != STORE_MAGIC:
+        raise CorruptStoreError(f"{p / MANIFEST}: bad magic {data.get('magic')!r}")
+    if data.get("format_version") != STORE_FORMAT:
+        raise FormatVersionError(f"{p}: store format {data.get('format_version')}, this mmreplay reads {STORE_FORMAT}")
+    return data
+
+
+def _write_counter(path: Path, value: int, version: int, slot: int | None = None, *, fsync: bool = True) -> None:
+    body = _COUNTER.pack(version, value)
+    rec = body + struct.pack("<I", crc32c(body))
+    rec += b"\0" * (_COUNTER_SLOT - len(rec))
+    if slot is None:
+        atomic_write(path, rec + b"\0" * _COUNTER_SLOT)
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.pwrite(fd, rec, slot * _COUNTER_SLOT)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_counter(path: Path) -> tuple[int, int, int]:
+    """``(value, version, slot)`` of the valid counter slot with the higher version."""
+    raw = path.read_bytes()
+    best: tuple[int, int, int] | None = None
+    for slot in (0, 1):
+        rec = raw[slot * _COUNTER_SLOT : (slot + 1) * _COUNTER_SLOT]
+        if len(rec) < _COUNTER.size + 4:
+            continue
+        body = rec[: _COUNTER.size]
+        (crc,) = struct.unpack_from("<I", rec, _COUNTER.size)
+        version, value = _COUNTER.unpack(body)
+        if crc == crc32c(body) and version > 0 and (best is None or version > best[1]):
+            best = (value, version, slot)
+    if best is None:
+        raise CorruptStoreError(f"{path}: both counter slots are damaged", hint="run `mmreplay verify --repair`")
+    return best
+
+
+class ReplayStore:
+    """An open store. Use :func:`create_store` / :func:`open_store` to get one.
+
+    Reading: :meth:`refresh` picks up what writers published; samplers draw row ids and
+    :meth:`transitions` turns them into batches. Writing: :meth:`writer` opens a writer
+    session with its own lanes and segments. Not to be used after ``fork()``.
+    """
+
+    def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "raise",
+                 verify: Literal["off", "strict", "salvage"] = "off") -> None:
+        self.path = path
+        self.mode = mode
+        m = _read_manifest(path)
+        self.manifest = m
+        self.schema = Schema.from_json(m["schema"])
+        if f"{self.schema.hash:016x}" != m["schema_hash"]:
+            raise CorruptStoreError(f"{path / MANIFEST}: schema hash mismatch")
+        self.store_uuid = bytes.fromhex(m["store_uuid"])
+        self.segment_records = int(m["segment_records"])
+        self.capacity = int(m["capacity"])
+        self.on_full: OnFull = m.get("on_full", "evict")
+        self.metadata: dict[str, Any] = m.get("metadata", {})
+        self.layout = Layout.of(self.schema, self.segment_records)
+        self.segments_dir = path / "segments"
+        self.locks_dir = path / "locks"
+        self._pid = os.getpid()
+        self._writers: list[Writer] = []
+        if mode == "a":
+            if not os.access(path, os.W_OK) or not os.access(self.segments_dir, os.W_OK):
+                raise ReadOnlyStoreError(f"{path} is not writable; open it with mode='r'")
+            from .recovery import recover_abandoned
+
+            self.recovery_report = recover_abandoned(self)
+        windows = max(16, 2 * (-(-self.capacity // self.segment_records)) + 8)
+        self.reader = StoreReader(self.segments_dir, self.layout, self.store_uuid, self.schema.hash,
+                                  initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)),
+                                  on_corrupt=on_corrupt, verify=verify)
+        self._dirty = False  # a writer of this handle published rows
+        self._need_scan = False  # a writer of this handle made a segment
+        self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
+        self.reader.refresh()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._pid != os.getpid():
+            raise StoreClosedError("store used after fork(); open it again in the child process")
+        if self.reader is None:
+            raise StoreClosedError("store is closed")
+
+    def close(self) -> None:
+        """Close every writer of this handle (cleanly) and unmap the segments."""
+        for w in list(self._writers):
+            w.close()
+        if self.reader is not None and self._pid == os.getpid():
+            self.reader.close()
+        self.reader = None  # type: ignore[assignment]
+
+    def __enter__(self) -> ReplayStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ReplayStore({str(self.path)!r}, mode={self.mode!r}, rows={self.num_rows})"
+
+    # -- writing --------------------------------------------------------------------------
+    def writer(
+        self,
+        lanes: int = 1,
+        *,
+        writer_id: int | None = None,
+        durability: Durability = "segment",
+        cast: Literal["no", "safe", "same_kind"] = "no",
+        nonfinite: Literal["error", "warn", "allow"] = "error",
+        publish_rows: int = 64,
+        publish_interval_s: float = 0.005,
+    ) -> Writer:
+        """Open a writer session with ``lanes`` parallel environments (one per vector-env copy).
+
+        ``writer_id=None`` takes the lowest free id; an explicit id held by a live session
+        raises ``WriterBusyError`` at once. See :class:`mmreplay.writer.Writer`.
+        """
+        self._check()
+        if self.mode != "a":
+            raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
+        from .writer import Writer
+
+        w = Writer(self, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast, nonfinite=nonfinite,
+                   publish_rows=publish_rows, publish_interval_s=publish_interval_s)
+        self._writers.append(w)
+        return w
+
+    def lock(self, name: str) -> FileLock:
+        """The store's lock file ``name`` (one of ``storage._lock.LOCK_NAMES`` or a writer
+        lock), not yet taken. Package-internal: the storage protocol's one list of locks."""
+        if name not in LOCK_NAMES and not name.startswith("writer-"):
+            raise ValueError(f"unknown lock {name!r}; expected one of {LOCK_NAMES} or a writer lock")
+        return FileLock(self.locks_dir / name)
+
+    def allocate_segment_id(self, *, durable: bool = False) -> int:
+        """Next segment id (caller holds alloc.lock).
+
+        The id is above both the counter and every segment file present, so ids never repeat
+        even if a crash lost the counter's last update; the counter is therefore written
+        without an fsync unless ``durable``.
+        """
+        path = self.path / "counters.bin"
+        value, version, slot = _read_counter(path)
+        on_disk = [p[0] for n in os.listdir(self.segments_dir) if (p := parse_segment_name(n.removesuffix(".deleted")))]
+        value = max([value, *(i + 1 for i in on_disk)])
+        _write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
+        return value
+
+    def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0) -> list[int]:
+        """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held).
+
+        Rows held are the published rows of every segment, open ones included: then, with each
+        writer calling this (through its next segment) once per segment and publishing first,
+        a store holds at most ``capacity`` + one segment + one segment per writer.
+
+        ``force_one`` deletes exactly the oldest sealed segment whatever the capacity (used
+        when the disk is full and ``on_full='evict'``). ``pending_rows``: rows of segments made
+        for one batch and not written yet (a batch spanning segments counts as held, so
+        ``on_full='error'`` refuses it before any of it is written).
+        """
+        sealed: list[tuple[int, str, int]] = []
+        held = pending_rows
+        names = sorted(os.listdir(self.segments_dir))
+        known = self._sealed_rows  # a sealed segment never changes: its control page is read once
+        for gone in known.keys() - set(names):
+            del known[gone]
+        for name in names:
+            parsed = parse_segment_name(name)
+            if parsed is None:
+                continue
+            committed = known.get(name)
+            if committed is None:
+                state, committed, _ = self._segment_state(self.segments_dir / name)
+                if state == STATE_SEALED:
+                    known[name] = committed
+            held += committed  # open segments' published rows count too (they cannot be evicted yet)
+            if name in known:
+                sealed.append((parsed[0], name, committed))
+        if self.on_full == "error" and not sealed and pending_rows > self.capacity:
+            raise StoreFullError(f"{self.path} would hold {pending_rows} rows from one batch, capacity {self.capacity}, "
+                                 "and on_full='error'")
+        evicted: list[int] = []
+        for sid, name, committed in sealed:
+            if force_one and evicted:
+                break
+            if held - committed < self.capacity and not force_one:
+                break
+            if self.on_full == "error":
+                raise StoreFullError(f"{self.path} holds {held} rows, capacity {self.capacity}, and on_full='error'")
+            doomed = self.segments_dir / (name + ".deleted")
+            os.rename(self.segments_dir / name, doomed)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("mid_evict")
+            doomed.unlink()
+            known.pop(name, None)
+            held -= committed
+            evicted.append(sid)
+        if evicted:
+            fsync_dir(self.segments_dir)
+            self._bump_stat("evicted_segments", len(evicted))
+            log.debug("evicted segments %s from %s", evicted, self.path)
+        return evicted
+
+    def _segment_state(self, path: Path) -> tuple[int, int, int]:
+        """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
+        try:
+            with open(path, "rb") as fh:
+                buf = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
+        except FileNotFoundError:
+            return 0, 0, 0
+        control, _ = read_control(buf)
+        return (control.state, control.committed, control.synced) if control else (STATE_OPEN, 0, 0)
+
+    def _bump_stat(self, key: str, n: int) -> None:
+        path = self.path / "stats.json"
+        try:
+            stats = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            stats = {}
+        stats[key] = int(stats.get(key, 0)) + n
+        atomic_write(path, json.dumps(stats).encode())
+
+    # -- reading --------------------------------------------------------------------------
+    def refresh(self, *, scan: bool = True) -> None:
+        """Make rows published since the last refresh visible; drop evicted segments.
+
+        ``scan=False`` only rereads the counts of known open segments (no directory listing).
+        """
+        self._check()
+        for w in self._writers:
+            w.publish()  # this handle's own writers: everything added is visible here at once
+        self.reader.refresh(scan=scan or self._need_scan)
+        self._dirty = False
+        if scan:
+            self._need_scan = False
+
+    @property
+    def num_rows(self) -> int:
+        """Committed rows (every lane, ``is_last`` rows included), as of the last refresh or
+        this handle's own writers' last append."""
+        if self.reader is None:
+            return 0
+        self.sync_local()
+        return self.reader.snapshot.total_rows
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def valid_transition_mask(self, k: int) -> np.ndarray:
+        """Which committed rows of snapshot segment ``k`` start a sampleable transition."""
+        r, s = self.reader, self.reader.snapshot
+        slot = np.arange(int(s.committed[k]))
+        kk = np.full_like(slot, k)
+        ok, _, _ = r.successors(kk, slot)
+        return ok & ~r.is_last[int(s.windows[k]), : len(slot)]
+
+    def refresh_if_stale(self, interval_s: float) -> None:
+        """Refresh when the last directory scan is older than ``interval_s`` or a writer of this
+        handle made a segment since; otherwise only reread counts if one of them published."""
+        if time.monotonic() - self.reader.last_scan > interval_s or self._need_scan:
+            self.refresh()
+        elif self._dirty:
+            self.refresh(scan=False)
+
+    def sync_local(self) -> None:
+        """Refresh if a writer of this handle published or rolled since the last refresh."""
+        if self._need_scan or self._dirty:
+            self.refresh(scan=self._need_scan)
+
+    def transition_ids(self) -> np.ndarray:
+        """Global ids of every sampleable transition start (for tests and tools; O(rows))."""
+        self._check()
+        self.sync_local()
+        s = self.reader.snapshot
+        out = [s.segment_ids[k] * self.segment_records + np.flatnonzero(self.valid_transition_mask(k))
+               for k in range(len(s.segment_ids))]
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def transitions(self, ids: np.ndarray) -> Any:
+        """The transitions starting at global row ids (see :class:`mmreplay.view.TransitionBatch`)."""
+        from .view import transitions
+
+        self._check()
+        k, slot = self.reader.locate(ids)
+        return transitions(self, k, slot, np.asarray(ids, np.int64))
+
+    def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Field ``name`` of the rows with global ids ``ids`` (a copy)."""
+        self._check()
+        k, slot = self.reader.locate(ids)
+        if name == "is_last":
+            return self.reader.is_last[self.reader.snapshot.windows[k], slot]
+        return self.reader.gather(name, k, slot)
+
+    def verify(self, *, fast: bool = False) -> list[Any]:
+        """Check every segment's header, stamps and checksums; returns the problems found
+        (``mmreplay.verify.Problem``: file, slot, reason). Writes nothing, takes no locks."""
+        from .verify import verify_store
+
+        self._check()
+        return verify_store(self, fast=fast)
+
+    def repair(self) -> tuple[list[str], list[Any]]:
+        """Run recovery and quarantine damaged segments as ``.corrupt`` (``mode="a"``, no live
+        writer). Returns the actions taken and the problems left."""
+        from .verify import repair_store
+
+        self._check()
+        if self.mode != "a":
+            raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; repair needs mode='a'")
+        actions, left = repair_store(self)
+        self.refresh()
+        return actions, left
+
+    def record_provenance(self, record: dict[str, Any], name: str | None = None) -> str:
+        """Write (or rewrite) one JSON provenance record, e.g. a collect run's env id, seeds and policy.
+
+        Records live in ``provenance/<name>.json`` beside the manifest, each replaced atomically, so
+        concurrent runs never rewrite the manifest or each other's records. Returns the name.
+        """
+        self._check()
+        if self.mode != "a":
+            raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
+        if name is None:
+            ns = time.time_ns()
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 10**9))
+            name = f"{stamp}.{ns % 10**9:09d}Z-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"provenance record name {name!r} must be a plain file name")
+        d = self.path / "provenance"
+        d.mkdir(exist_ok=True)
+        atomic_write(d / f"{name}.json", json.dumps(record, indent=1, sort_keys=True, default=str).encode())
+        return name
+
+    def provenance(self) -> list[dict[str, Any]]:
+        """Every provenance record, oldest first (by name); unreadable records are skipped."""
+        out = []
+        d = self.path / "provenance"
+        for f in sorted(d.glob("*.json")) if d.is_dir() else ():
+            try:
+                out.append({"name": f.stem, **json.loads(f.read_text())})
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def info(self) -> dict[str, Any]:
+        """Schema, rows, transitions, episodes, segments, bytes and writers, as plain data."""
+        from .info import store_info
+
+        self._check()
+        return store_info(self)

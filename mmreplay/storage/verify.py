@@ -1,0 +1,116 @@
+"""verify: check a store's files without changing them, and repair what recovery can.
+
+Checks, per segment file: header (magic, version, crc, store uuid, schema hash, size before
+mapping), the name against the header, the control slots, and the rows: every commit group's
+stamps and crc32c up to the committed count (``fast=True`` checks only the crc over the stamp
+column recorded at seal). An OPEN segment whose writer is alive is checked up to its committed
+count; one whose writer is dead is reported as needing recovery. Leftover ``.tmp`` and
+``.deleted`` files are reported. Verification takes no locks and writes nothing.
+
+``repair`` takes the admin lock (no writer may be active), runs recovery (dead writers' open
+segments are cut back to their valid prefix and sealed, leftovers removed) and quarantines every
+segment that still fails by renaming it to ``.corrupt`` (never deleting it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import crc32c as _crc32c
+
+from .format import STATE_SEALED
+from ..core.errors import CorruptSegmentError, StoreLockedError
+from .recovery import valid_prefix
+from .segment import Segment, parse_segment_name
+from .locks import ADMIN, writer_lock_name
+
+if TYPE_CHECKING:
+    from .store import ReplayStore
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding: which file, which row (if any), and what is wrong."""
+
+    file: str
+    slot: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}" + (f" slot {self.slot}" if self.slot is not None else "")
+        return f"{where}: {self.reason}"
+
+
+def verify_store(store: ReplayStore, *, fast: bool = False) -> list[Problem]:
+    """Every problem found in ``store``'s segment files (an empty list means clean)."""
+    problems: list[Problem] = []
+    for name in sorted(os.listdir(store.segments_dir)):
+        if name.endswith((".tmp", ".deleted")):
+            problems.append(Problem(name, None, "leftover of an interrupted creation or eviction"))
+            continue
+        if name.endswith(".corrupt"):
+            continue  # already quarantined
+        parsed = parse_segment_name(name)
+        if parsed is None:
+            problems.append(Problem(name, None, "not a segment file name"))
+            continue
+        problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast))
+    return problems
+
+
+def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, fast: bool) -> list[Problem]:
+    name = path.name
+    try:
+        seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
+    except CorruptSegmentError as exc:
+        return [Problem(name, None, str(exc).removeprefix(f"{path}: "))]
+    except FileNotFoundError:
+        return []  # evicted meanwhile
+    try:
+        h = seg.header
+        if (h.segment_id, h.writer_id) != parsed:
+            return [Problem(name, None, f"header says segment {h.segment_id} of writer {h.writer_id}")]
+        c = seg.control
+        if c.version == 0:
+            return [Problem(name, None, "both control slots are damaged (recovery rebuilds the count from stamps)")]
+        if c.state != STATE_SEALED:
+            lock = store.lock(writer_lock_name(h.writer_id))
+            if store.mode == "a" and lock.acquire(exclusive=True):
+                lock.release()
+                return [Problem(name, None, "open segment of a dead writer: needs recovery")]
+        n = min(c.committed, h.usable_records)
+        if fast and c.state == STATE_SEALED:
+            crc = _crc32c.crc32c(seg.view[store.layout.stamps_offset :][: n * 16])
+            return [] if crc == c.seal_crc else [Problem(name, None, "crc of the stamp column does not match the seal")]
+        good = valid_prefix(seg, 0, n)
+        if good < n:
+            return [Problem(name, good, f"row fails its stamp or crc32c check ({n - good} of {n} committed rows after it)")]
+        return []
+    finally:
+        seg.close()
+
+
+def repair_store(store: ReplayStore) -> tuple[list[str], list[Problem]]:
+    """Recover and quarantine. Returns ``(actions taken, problems left)``; needs no live writer."""
+    from .recovery import recover_abandoned
+
+    admin = store.lock(ADMIN)
+    if not admin.acquire(exclusive=True):
+        raise StoreLockedError(f"{store.path} has active writers; close them before repairing")
+    try:
+        actions = []
+        report = recover_abandoned(store)
+        actions += [f"removed {n}" for n in report.cleaned]
+        actions += [f"recovered {n}: kept {k} rows" + (f", dropped {report.dropped[n]}" if n in report.dropped else "")
+                    for n, k in report.recovered.items()]
+        for problem in verify_store(store):
+            src = store.segments_dir / problem.file
+            if src.exists() and parse_segment_name(problem.file):
+                src.rename(src.with_name(src.name + ".corrupt"))
+                actions.append(f"quarantined {problem.file} as {problem.file}.corrupt ({problem.reason})")
+        return actions, verify_store(store)
+    finally:
+        admin.release()

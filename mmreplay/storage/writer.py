@@ -1,0 +1,560 @@
+"""Writer: one writer session appending a vector env's steps into its own segments.
+
+A writer owns ``lanes`` lanes (one per environment of a vector env) and the segments it
+allocates; rows are laid out ``(time, lane)``, so one vector-env step is one contiguous write,
+and the next row of a lane is ``lanes`` rows further on (possibly in the session's next
+segment). ``is_last`` is derived: the row after a ``terminated``/``truncated`` row of a lane is
+that episode's final observation, which is what gymnasium's default next-step autoreset
+returns, so the plain vector-env loop stores episodes RLDS/Minari style (T+1 observations).
+
+Append protocol: validate the whole batch (nothing written on error);
+allocate every segment the batch will need (a full disk fails here, before any write); copy the
+payload into the records; then, per commit group, write the stamps (seq, group crc, group
+length) and only then publish the new committed count in the control slot. One crc32c call per
+commit group, no Python loop per row or lane.
+
+Group commit. Rows are stamped and published in groups: at once when ``publish_rows`` (default
+64) rows are waiting or the segment is full, otherwise by a background publisher thread at most
+``publish_interval_s`` (default 5 ms) after they were added, and always by ``publish()``,
+``flush()``, ``close()`` and by a ``refresh()`` of the writer's own store handle (so a learner
+sampling through the same handle sees every row it added). A vector step of 64 lanes or more
+is published by the ``add`` that wrote it; small adds share the cost of stamping and
+publishing, which makes a single-row ``add`` about as cheap as an append to a numpy array.
+
+Durability (``durability=``), what each level guarantees:
+
+=============  ===================================  =======================  =============================
+level          visible to other processes           lost to ``kill -9``      lost to power loss / kernel
+                                                                             crash
+=============  ===================================  =======================  =============================
+``process``    within ``publish_interval_s``        rows not yet published   anything not yet written back
+                                                    (≤ 5 ms of adds)         by the kernel; recovery drops
+                                                                             invalid rows
+``segment``    within ``publish_interval_s``        same                     rows after the last sealed
+(default)                                                                    segment's background sync, or
+                                                                             the last ``flush()``
+``batch``      when ``add`` returns                 nothing acknowledged     nothing acknowledged
+=============  ===================================  =======================  =============================
+
+``flush()`` publishes and msyncs everything written so far, and waits for sealed segments'
+syncs; ``close()`` does the same, then releases the writer id. Readers never see a row before
+it is published, and recovery keeps every published row after a ``kill -9``.
+
+A writer must be used in the process that opened it (not after ``fork()``); one writer id has
+at most one live session (``WriterBusyError`` otherwise), and a killed writer's id is free at
+once (the kernel drops its ``flock``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import crc32c as _crc32c
+import numpy as np
+
+from ..core import failpoint as _failpoint
+from .format import STATE_SEALED, group_seed
+from ._supply import SegmentSupply
+from ..core.errors import SchemaError, StoreClosedError, WriterBusyError, WriterFailedError
+from .segment import Segment, now_ns
+from .locks import ADMIN, writer_lock_name
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .store import ReplayStore
+
+Durability = Literal["process", "segment", "batch"]
+_PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+MAX_WRITERS = 1000
+_extend = _crc32c.crc32c
+
+
+class Writer:
+    """Appends vector-env steps to a store. Get one with ``store.writer(lanes=...)``.
+
+    The ten lines of a collection loop::
+
+        envs = gymnasium.make_vec("CartPole-v1", num_envs=8)
+        store = mmreplay.create_store(path, mmreplay.Schema.from_spaces(
+            envs.single_observation_space, envs.single_action_space))
+        obs, _ = envs.reset(seed=0)
+        with store.writer(lanes=envs.num_envs, cast="safe") as w:
+            for _ in range(1000):
+                action = envs.action_space.sample()
+                next_obs, reward, terminated, truncated, _ = envs.step(action)
+                w.add(obs=obs, action=action, reward=reward, terminated=terminated, truncated=truncated)
+                obs = next_obs
+            w.close(last_obs=obs)
+    """
+
+    def __init__(
+        self,
+        store: ReplayStore,
+        *,
+        lanes: int,
+        writer_id: int | None,
+        durability: Durability,
+        cast: Literal["no", "safe", "same_kind"],
+        nonfinite: Literal["error", "warn", "allow"],
+        publish_rows: int = 64,
+        publish_interval_s: float = 0.005,
+    ) -> None:
+        if not isinstance(lanes, (int, np.integer)) or lanes < 1:
+            raise ValueError(f"`lanes` must be a positive int, got {lanes!r}")
+        if lanes > store.segment_records:
+            raise ValueError(f"`lanes`={lanes} is more than the store's segment_records={store.segment_records}")
+        if durability not in ("process", "segment", "batch"):
+            raise ValueError(f"`durability` must be 'process', 'segment' or 'batch', got {durability!r}")
+        if cast not in ("no", "safe", "same_kind"):
+            raise ValueError(f"`cast` must be 'no', 'safe' or 'same_kind', got {cast!r}")
+        if nonfinite not in ("error", "warn", "allow"):
+            raise ValueError(f"`nonfinite` must be 'error', 'warn' or 'allow', got {nonfinite!r}")
+        if publish_rows < 1 or publish_interval_s <= 0:
+            raise ValueError("`publish_rows` must be >= 1 and `publish_interval_s` > 0")
+        self.store = store
+        self.lanes = int(lanes)
+        self.durability = durability
+        self.cast = cast
+        self.nonfinite = nonfinite
+        self.schema = store.schema
+        self.layout = store.layout
+        self.usable = store.segment_records // self.lanes * self.lanes
+        self._pid = os.getpid()
+        self._admin = store.lock(ADMIN)
+        if not self._admin.acquire(exclusive=False):
+            from ..core.errors import StoreLockedError
+
+            raise StoreLockedError(f"{store.path} is locked for admin work (recover/compact)")
+        self._lock = None
+        try:
+            self.writer_id = self._claim(writer_id)
+            from .recovery import recover_writer
+
+            recover_writer(store, self.writer_id)
+        except BaseException:
+            self._release_locks()
+            raise
+        self.epoch = secrets.randbits(63) | 1
+        self.rows_written = 0
+        self._supply = SegmentSupply(store, self.writer_id, self.lanes, self.usable, self.epoch, durability)
+        self._seg: Segment | None = None
+        self._n = 0  # rows written to the current segment
+        self._synced = 0
+        self._prev_done = np.zeros(self.lanes, np.bool_)
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._has_done = "terminated" in self.schema and "truncated" in self.schema
+        # group commit: rows are stamped and published together (see the module docstring)
+        self._mutex = threading.RLock()
+        self._pub = 0  # published rows of the current segment
+        self._staged_at = 0.0  # when the oldest unpublished row was written; 0.0: none
+        self._pub_rows = 1 if durability == "batch" else int(publish_rows)
+        self.publish_interval_s = float(publish_interval_s)
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # set while rows wait for the publisher (under the mutex)
+        self._publisher: threading.Thread | None = None
+        if self._pub_rows > 1:
+            self._publisher = threading.Thread(target=self._publisher_loop, name=f"mmreplay-publish-w{self.writer_id}",
+                                               daemon=True)
+            self._publisher.start()
+        # single-row fast path (lanes == 1): fields in record order, one structured assignment
+        # schema fields in record order, and where is_last sits among them
+        rec_names = list(self.layout.record_dtype.names)
+        self._is_last_pos = rec_names.index("is_last")
+        self._one_names = [n for n in rec_names if n != "is_last"]
+        self._one_types = [(self.schema[n].dtype, (1, *self.schema[n].shape)) for n in self._one_names]
+        self._check_floats = nonfinite != "allow"
+        self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._one_names]
+        self._names = frozenset(self.schema.names)
+        self._nfields = len(self._names)
+        self._fast = self.lanes == 1
+        self._zero_record = np.zeros((), self.layout.record_dtype)
+        self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
+        atexit.register(self._atexit)
+        try:  # the first segment is made now, not on the append path; the next one in the background
+            with self._mutex:  # once this one is half full (a short session never makes a spare)
+                self._roll()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- locking --------------------------------------------------------------------------
+    def _claim(self, writer_id: int | None) -> int:
+        ids = range(MAX_WRITERS) if writer_id is None else [int(writer_id)]
+        if writer_id is not None and not 0 <= writer_id < MAX_WRITERS:
+            raise ValueError(f"`writer_id` must be in [0, {MAX_WRITERS}), got {writer_id}")
+        for wid in ids:
+            lock = self.store.lock(writer_lock_name(wid))
+            if lock.acquire(exclusive=True):
+                lock.write_owner(f"pid={os.getpid()} host={socket.gethostname()} start_ns={now_ns()}\n")
+                self._lock = lock
+                return wid
+        if writer_id is not None:
+            raise WriterBusyError(f"writer id {writer_id} of {self.store.path} is held by a live writer session")
+        raise WriterBusyError(f"all {MAX_WRITERS} writer ids of {self.store.path} are busy")
+
+    def _release_locks(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+        self._admin.release()
+
+    # -- public API -----------------------------------------------------------------------
+    def add(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
+        """Append one vector-env step: every field has leading dimension ``lanes``.
+
+        ``obs`` is the observation the action was taken in (not ``next_obs``): pass the
+        arrays ``envs.step`` returned, with the previous observation. Raises ``SchemaError``
+        or ``InvalidValueError`` before writing anything if a field is wrong.
+        """
+        if batch is None:
+            if self._fast:
+                self._add_one(fields)
+            else:
+                self._add_step(fields)
+        else:
+            self._append(batch, fields, (self.lanes,))
+
+    def add_batch(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
+        """Append ``T`` vector-env steps at once: every field has leading shape ``(T, lanes)``."""
+        self._append(batch, fields, None)
+
+    def publish(self) -> None:
+        """Make every row added so far visible to readers in other processes now."""
+        with self._mutex:
+            if self._seg is not None and self._failed is None and not self._closed:
+                self._publish()
+
+    def flush(self) -> None:
+        """Publish, and make every published row durable (msync), whatever the durability level."""
+        self._check()
+        with self._mutex:
+            seg = self._seg
+            if seg is None:
+                return
+            self._publish()
+            self._wait_syncs()
+            if self._synced < self._n:
+                seg.make_durable(self._synced, self._n)
+                seg.publish(self._n, synced=self._n)
+                seg.sync_control()
+                self._synced = self._n
+
+    def close(self, last_obs: Any = None) -> None:
+        """Publish and seal the open segment, make it durable and release the writer id.
+
+        ``last_obs`` (optional, leading dimension ``lanes``) is written as a final row of every
+        lane so the last steps become sampleable transitions (their ``next_obs``).
+        """
+        if self._closed:
+            return
+        if self._pid != os.getpid():
+            self._closed = True
+            return
+        self._stop.set()
+        self._wake.set()
+        if self._publisher is not None and self._publisher is not threading.current_thread():
+            self._publisher.join()
+        try:
+            if last_obs is not None and self._failed is None:
+                self._append_last(last_obs)
+            with self._mutex:
+                if self._seg is not None and self._failed is None:
+                    self._publish()
+                    if self._n == 0:
+                        self._supply.discard(self._seg)  # never written: leave no empty segment
+                    else:
+                        if self._n < self.usable:
+                            self._seal(self._seg)
+                        self._supply.retire(self._seg)
+                    self._seg = None
+                try:
+                    self._supply.close()
+                except BaseException as exc:
+                    self._failed = exc
+                    raise
+        finally:
+            self._closed = True
+            atexit.unregister(self._atexit)
+            self._release_locks()
+            if self in self.store._writers:
+                self.store._writers.remove(self)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _atexit(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - best effort at interpreter exit
+            pass
+
+    # -- internals ------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._pid != os.getpid():
+            raise StoreClosedError("writer used after fork(); open a writer in the child process")
+        if self._closed:
+            raise StoreClosedError("writer is closed")
+        if self._failed is not None:
+            raise WriterFailedError(f"writer {self.writer_id} failed earlier: {self._failed!r}")
+
+    def _publisher_loop(self) -> None:
+        """Publish rows left unpublished for ``publish_interval_s`` (the writer may have gone idle).
+
+        The thread sleeps until rows are staged (``_wake``, set by ``_after_write``), never on a
+        timer: a thread that wakes every few ms costs a CPU-bound actor loop ~10% (GIL handoffs;
+        measured with CartPole), and batched appends publish by themselves.
+        """
+        interval = self.publish_interval_s
+        while not self._stop.is_set():  # close() sets _stop, then _wake: a clear below cannot lose it
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            delay = self._staged_at + interval - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                return
+            with self._mutex:
+                if self._closed or self._failed is not None:
+                    return
+                if self._seg is None or self._n == self._pub:
+                    self._wake.clear()  # published by an add meanwhile: sleep until rows are staged again
+                elif time.monotonic() - self._staged_at >= interval:
+                    try:
+                        self._publish()
+                    except BaseException as exc:  # pragma: no cover - I/O failure
+                        self._failed = exc
+                        return
+                    self._wake.clear()
+
+    def _add_one(self, fields: dict[str, Any]) -> None:
+        """One row (``lanes == 1``): validate, copy the record in one assignment, check floats.
+
+        Anything unusual (a missing field, a cast, a wrong shape, a non-finite value, a full
+        segment) goes to the general path, which handles or explains it.
+        """
+        if self._pid != _PID[0] or self._closed or self._failed is not None:
+            self._check()
+        try:
+            vals = [fields[name] for name in self._one_names]
+        except KeyError:
+            vals = None
+        if vals is None or len(fields) != self._nfields:
+            return self._append(None, fields, (1,))
+        for x, (dtype, shape) in zip(vals, self._one_types):
+            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
+                return self._append(None, fields, (1,))
+        with self._mutex:
+            seg = self._seg
+            n = self._n
+            if seg is None or n == self.usable:
+                return self._append(None, fields, (1,))
+            prev = self._prev_done
+            vals.insert(self._is_last_pos, prev)
+            seg.records[n] = tuple([v[0] for v in vals])
+            # a non-finite value makes the sum non-finite; a finite sum that overflowed only
+            # sends the row to the exact check of the general path
+            if self._check_floats:
+                for r, small in seg.float_checks:
+                    if not math.isfinite(sum(r[n].tolist()) if small else r[n].sum()):
+                        seg.records[n] = self._zero_record  # never published, bytes as before
+                        return self._append(None, fields, (1,))
+            if self._has_done:
+                self._prev_done = fields["terminated"] | fields["truncated"]
+            self._n = n + 1
+            if _failpoint.ACTIVE:
+                _failpoint.hit("after_payload")
+            self._after_write(seg)
+
+    def _add_step(self, fields: dict[str, Any]) -> None:
+        """One vector step (``lanes > 1``) that fits the open segment: exact dtypes and shapes
+        checked field by field, copied, then the float runs of the new rows checked at once."""
+        if self._pid != _PID[0] or self._closed or self._failed is not None:
+            self._check()
+        if len(fields) != self._nfields:
+            return self._append(None, fields, (self.lanes,))
+        for name, dtype, shape in self._step_specs:
+            x = fields.get(name)
+            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
+                return self._append(None, fields, (self.lanes,))
+        L = self.lanes
+        with self._mutex:
+            seg = self._seg
+            n = self._n
+            if seg is None or n + L > self.usable:
+                return self._append(None, fields, (L,))
+            cols = seg.columns
+            for name in self._one_names:
+                cols[name][n : n + L] = fields[name]
+            seg.is_last[n : n + L] = self._prev_done
+            if self._check_floats:
+                for r, _ in seg.float_checks:
+                    if not math.isfinite(float(np.add.reduce(r[n : n + L], axis=None, dtype=np.float64))):
+                        seg.records[n : n + L] = self._zero_record  # never published, bytes as before
+                        return self._append(None, fields, (L,))  # exact check, error or warning
+            if self._has_done:
+                self._prev_done = np.logical_or(fields["terminated"], fields["truncated"])
+            self._n = n + L
+            if _failpoint.ACTIVE:
+                _failpoint.hit("after_payload")
+            self._after_write(seg)
+
+    def _append(self, batch: Mapping[str, Any] | None, fields: dict[str, Any], lead: tuple[int, ...] | None) -> None:
+        self._check()
+        data = fields if batch is None else ({**batch, **fields} if fields else batch)
+        arrays, got = self.schema.validate_batch(data, lead, cast=self.cast, nonfinite=self.nonfinite)
+        if lead is None and (len(got) != 2 or got[1] != self.lanes):
+            raise SchemaError(f"add_batch expects leading shape (T, lanes={self.lanes}), got {got}")
+        T = 1 if lead is not None else got[0]
+        rows = T * self.lanes
+        if rows == 0:
+            return
+        with self._mutex:
+            if not self._has_done:
+                is_last = np.zeros(rows, np.bool_)
+            elif T == 1:
+                is_last = self._prev_done
+            else:
+                done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(T, self.lanes)
+                is_last = np.empty((T, self.lanes), np.bool_)
+                is_last[0] = self._prev_done
+                is_last[1:] = done[:-1]
+                is_last = is_last.reshape(rows)
+            if lead is None:
+                arrays = {name: a.reshape(rows, *a.shape[2:]) for name, a in arrays.items()}
+            self._write(arrays, is_last, rows)
+            if self._has_done:
+                last = slice(rows - self.lanes, rows)
+                self._prev_done = np.logical_or(arrays["terminated"][last], arrays["truncated"][last])
+
+    def _append_last(self, last_obs: Any) -> None:
+        obs_names = self.schema.obs_names
+        if not isinstance(last_obs, dict):
+            if len(obs_names) != 1:
+                raise SchemaError(f"`last_obs` must be a dict with keys {list(obs_names)}")
+            last_obs = {obs_names[0]: last_obs}
+        data: dict[str, Any] = {}
+        for f in self.schema.fields:
+            if f.name in obs_names:
+                data[f.name] = last_obs[f.name.removeprefix("obs/")] if f.name not in last_obs else last_obs[f.name]
+            else:
+                data[f.name] = np.zeros((self.lanes, *f.shape), f.dtype)
+        arrays, _ = self.schema.validate_batch(data, (self.lanes,), cast=self.cast, nonfinite=self.nonfinite)
+        with self._mutex:
+            self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)
+            self._prev_done = np.zeros(self.lanes, np.bool_)
+
+    def _write(self, flat: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
+        """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
+        # allocate every segment this batch needs before writing a byte of it
+        free = self.usable - self._n if self._seg is not None else 0
+        if rows > free:
+            self._supply.ensure(-(-(rows - free) // self.usable))
+        pos = 0
+        try:
+            while pos < rows:
+                if self._seg is None or self._n == self.usable:
+                    self._roll()
+                k = min(rows - pos, self.usable - self._n)
+                seg = self._seg
+                assert seg is not None
+                n = self._n
+                cols = seg.columns
+                whole = pos == 0 and k == len(is_last)
+                for name, x in flat.items():
+                    cols[name][n : n + k] = x if whole else x[pos : pos + k]
+                seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
+                self._n = n + k
+                pos += k
+                if _failpoint.ACTIVE:
+                    _failpoint.hit("after_payload")
+                self._after_write(seg)
+        except BaseException as exc:
+            if not isinstance(exc, (KeyboardInterrupt, SchemaError)):
+                self._failed = exc
+            raise
+
+    def _after_write(self, seg: Segment) -> None:
+        """Publish when the policy says so; seal a full segment. Caller holds the mutex."""
+        n = self._n
+        now = time.monotonic()
+        if self._staged_at == 0.0:
+            self._staged_at = now  # the oldest unpublished row's time
+        # the next segment is made in the background: from half of the first one (a short session
+        # makes no spare), then as soon as a segment is taken (a whole segment's time to make the
+        # next one); rows are published first, so the eviction it runs counts every row written
+        order_next = (2 * n >= self.usable or seg.header.chain_index > 0) and self._supply.idle
+        if (order_next or n == self.usable or n - self._pub >= self._pub_rows or self.durability == "batch"
+                or now - self._staged_at >= self.publish_interval_s):  # rows waited long enough
+            self._publish()
+            if n == self.usable:
+                self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
+        elif not self._wake.is_set():
+            self._wake.set()  # the publisher publishes these rows if no add comes within the interval
+        if order_next:
+            self._supply.prefetch()
+        self.store._dirty = True
+
+    def _publish(self) -> None:
+        """Stamp rows ``[pub, n)`` as one commit group and publish them. Caller holds the mutex."""
+        seg = self._seg
+        n, p = self._n, self._pub
+        if seg is None or n == p:
+            return
+        k = n - p
+        seq0 = seg.header.first_seq + p
+        crc = group_seed(seg.header, p, seq0 + 1, k)
+        lo, hi = self.layout.records_span(p, n)
+        crc = _extend(seg.view[lo:hi], crc)
+        if k == 1:
+            seg.stamp_seq[p] = seq0 + 1
+            seg.stamp_tail[p] = crc | (1 << 32)
+        else:
+            np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=seg.stamp_seq[p:n])
+            seg.stamp_tail[p:n] = crc | (k << 32)
+        if _failpoint.ACTIVE:
+            _failpoint.hit("after_stamps")
+        if self.durability == "batch":
+            seg.make_durable(p, n)
+            seg.publish(n, synced=n)
+            seg.sync_control()
+            self._synced = n
+        else:
+            seg.publish(n)
+        if _failpoint.ACTIVE:
+            _failpoint.hit("after_publish")
+        self._pub = n
+        self._staged_at = 0.0  # nothing unpublished
+        self.rows_written = seq0 + k
+
+    def _roll(self) -> None:
+        nxt = self._supply.next()
+        if self._seg is not None:  # full, hence already published and sealed
+            self._supply.retire(self._seg)
+        self._seg = nxt
+        self._n = self._synced = self._pub = 0
+        self.store._need_scan = True
+
+    def _seal(self, seg: Segment) -> None:
+        """Mark the (published) segment SEALED: immutable from now on, evictable."""
+        seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: self._n * 16])
+        if _failpoint.ACTIVE:
+            _failpoint.hit("mid_seal")
+        seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)
+
+    def _wait_syncs(self) -> None:
+        try:
+            self._supply.wait()
+        except BaseException as exc:
+            self._failed = exc
+            raise

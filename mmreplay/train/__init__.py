@@ -1,0 +1,42 @@
+"""train: the DQN / offline-RL trainer — config, learner, loops, run directory, checkpoints, metrics.
+
+Modules: ``config`` (TrainConfig, presets, validation, run-dir naming; no torch, so the CLI
+checks a config before torch loads), ``loops`` (Learner and the synchronous, actor and
+offline loops), ``_run`` (what the loops share: the run directory, batches, evaluation,
+checkpoints on schedule), ``checkpoint`` (weights-only checkpoint files), ``runlog``
+(metrics CSV / TensorBoard, ``plot_run``).
+
+The config names load eagerly; the torch-backed ones (``train``, ``Learner``, ...) on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import (
+    TrainConfig,
+    atari_config,
+    default_run_dir,
+    linear_schedule,
+    resume_config,
+    target_update_interval_of,
+    validate_config,
+)
+
+_LAZY = {"Learner": "loops", "train": "loops", "train_online": "loops", "train_actors": "loops",
+         "train_offline": "loops", "TrainResult": "_run", "to_tensors": "_run", "pick_device": "_run",
+         "read_metrics": "runlog", "plot_run": "runlog", "save_checkpoint": "checkpoint",
+         "load_checkpoint": "checkpoint"}
+__all__ = [  # noqa: PLE0604
+    "Learner", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "linear_schedule", "load_checkpoint",
+    "pick_device", "plot_run", "read_metrics", "resume_config", "save_checkpoint", "target_update_interval_of",
+    "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{mod}", __name__), name)

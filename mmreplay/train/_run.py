@@ -1,0 +1,388 @@
+"""Run bookkeeping for ``mmreplay.train``: the run directory, samplers, batches, metrics,
+evaluations and checkpoints, kept out of the training loops so that they read top to bottom.
+
+Invariants kept here:
+
+* a run directory holds at most one run: a new run refuses a directory with a checkpoint
+  (``resume`` continues it instead), and a resumed run drops the metric rows logged after its
+  checkpoint's step, so ``metrics.csv`` reads as one run;
+* training time excludes set-up (imports, compilation, store creation) and evaluations, in every
+  loop and in ``mmreplay``'s benchmarks alike;
+* priorities (prioritized replay) are saved in the store *before* the checkpoint that counts on
+  them is written, and both writes are atomic;
+* the synchronous loop draws batches in its own thread (``Batches`` without a loader), so a seeded
+  run is reproducible; the offline and actor loops may use a ``BatchLoader`` thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..agent.policy import save_policy
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, restore_sampler, save_checkpoint
+from ..agent.evaluation import evaluate
+from .runlog import RunLog
+
+if TYPE_CHECKING:
+    from ..sampling.uniform import TransitionSampler
+    from ..storage.store import ReplayStore
+    from .loops import Learner, TrainConfig
+    from ..storage.view import TransitionBatch
+    from ..storage.writer import Writer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a run did; also written to ``run_dir/result.json``."""
+
+    run_dir: str
+    policy_path: str
+    env_steps: int
+    updates: int
+    wall_s: float
+    """Training wall time (set-up and evaluations excluded), summed over resumed sessions."""
+    cpu_s: float
+    """CPU time of this process's threads over the same spans (less sensitive to other load)."""
+    evals: list[tuple[int, float, float]]
+    """(step, mean, std) of every evaluation."""
+    final_return: float | None
+    best_return: float | None
+    steps_per_s: float
+    updates_per_s: float
+    data_wait: float
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def to_tensors(b: TransitionBatch, device: torch.device) -> Any:
+    """A numpy batch as a ``TensorBatch`` on ``device`` (no copy on the CPU)."""
+    from ..loader import TensorBatch
+
+    def conv(a: Any) -> Any:
+        if a is None:
+            return None
+        if isinstance(a, dict):
+            return {k: conv(v) for k, v in a.items()}
+        return torch.from_numpy(np.asarray(a)).to(device, non_blocking=True)
+
+    return TensorBatch(conv(b.obs), conv(b.action), conv(b.reward), conv(b.next_obs), conv(b.terminated),
+                       conv(b.truncated), b.ids, conv(b.weights), conv(b.discount))
+
+
+class Batches:
+    """The learner's batches: from a ``BatchLoader`` thread, or drawn in the calling thread.
+
+    Either way ``update_priorities`` reaches the sampler before its next draw (through the
+    loader's queue), and ``wait_fraction`` is the share of the learner's time spent getting
+    batches since the last call."""
+
+    def __init__(self, sampler: TransitionSampler, cfg: TrainConfig, device: torch.device) -> None:
+        from ..loader import BatchLoader
+
+        use = cfg.loader if cfg.loader is not None else device.type == "cuda"
+        self.sampler, self.batch_size, self.device = sampler, cfg.batch_size, device
+        self.loader = BatchLoader(sampler, cfg.batch_size, device=device, prefetch=cfg.prefetch,
+                                  profile=True) if use else None
+        self._it = iter(self.loader) if self.loader is not None else None
+        self.wait_s = self.busy_s = 0.0
+        self._handed: float | None = None
+        self._seen = (0.0, 0.0)
+
+    def next(self) -> Any:
+        t0 = time.perf_counter()
+        if self._handed is not None:
+            self.busy_s += t0 - self._handed
+        b = next(self._it) if self._it is not None else to_tensors(self.sampler.sample(self.batch_size), self.device)
+        self._handed = time.perf_counter()
+        self.wait_s += self._handed - t0
+        return b
+
+    def update_priorities(self, ids: np.ndarray, td: torch.Tensor) -> None:
+        if self.loader is not None:
+            self.loader.update_priorities(ids, td)
+        else:
+            self.sampler.update_priorities(ids, td.cpu().numpy())  # type: ignore[attr-defined]
+
+    def wait_fraction(self) -> float:
+        w, b = self.wait_s - self._seen[0], self.busy_s - self._seen[1]
+        self._seen = (self.wait_s, self.busy_s)
+        return w / (w + b) if w + b > 0 else 0.0
+
+    def total_wait_fraction(self) -> float:
+        t = self.wait_s + self.busy_s
+        return self.wait_s / t if t > 0 else 0.0
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
+
+
+# -- the run: directory, sampler, logging, evaluation, checkpoints ------------------------------------
+class Run:
+    """Bookkeeping shared by the loops (kept out of them so they read top to bottom)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.dir = run_dir
+        ckpt = self.dir / CHECKPOINT_NAME
+        if not cfg.resume and ckpt.exists():
+            raise FileExistsError(f"{self.dir} already holds a run (checkpoint.pt): pass --resume to continue it, "
+                                  "or another --run-dir")
+        self.device = pick_device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        elif self.device.type == "cpu" and not cfg.atari:
+            torch.set_num_threads(1)  # small MLP matmuls lose more to thread hand-offs than they gain
+        torch.manual_seed(cfg.seed)
+        self.payload = load_checkpoint(ckpt, self.device) if cfg.resume else None
+        counters = self.payload["counters"] if self.payload else {}
+        self.env_steps = int(counters.get("env_steps", 0))
+        self.updates = int(counters.get("updates", 0))
+        self.episodes = int(counters.get("episodes", 0))
+        self.best = counters.get("best_eval")
+        self.time_before = float(counters.get("time_s", 0.0))
+        self.cpu_before = float(counters.get("cpu_s", 0.0))
+        self.evals: list[tuple[int, float, float]] = [tuple(e) for e in counters.get("evals", [])]  # type: ignore[misc]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(asdict(self.cfg), indent=2) + "\n")
+        step = self.step
+        self.log = RunLog(self.dir, resume_step=step if cfg.resume else None, tensorboard=cfg.tensorboard)
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        self._last = (self.t0, self.env_steps, self.updates)
+        self.returns: list[float] = []
+        self.wait_s = 0.0
+        self.busy_s = 0.0
+        self.next_log = next_multiple(step, cfg.log_every)
+        self.logged = step if cfg.resume else -1  # step of the last metric row
+        self.next_eval = next_multiple(step, cfg.eval_every) if cfg.eval_every else math.inf
+        self.next_ckpt = next_multiple(step, cfg.checkpoint_every) if cfg.checkpoint_every else math.inf
+        self.profiler: Any = None
+
+    def start_clock(self) -> None:
+        """Training time starts now (set-up, imports and compilation are not counted)."""
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        self._last = (self.t0, self.env_steps, self.updates)
+
+    @property
+    def step(self) -> int:
+        return self.updates if self.cfg.offline else self.env_steps
+
+    @property
+    def wall_s(self) -> float:
+        return self.time_before + time.perf_counter() - self.t0
+
+    @property
+    def cpu_s(self) -> float:
+        return self.cpu_before + time.process_time() - self.cpu0
+
+    def meta(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"env_id": c.eval_env or c.env_id, "algo": c.algo, "seed": c.seed, "atari": c.atari,
+                "frame_stack": c.frame_stack, "offline": c.offline}
+
+    def make_sampler(self, store: ReplayStore, total_updates: int) -> TransitionSampler:
+        from ..sampling.prioritized import PrioritizedSampler
+        from ..sampling.uniform import UniformSampler
+
+        c = self.cfg
+        refresh = None if c.offline else 1.0
+        if c.prioritized:
+            sampler: TransitionSampler = PrioritizedSampler(
+                store, alpha=c.per_alpha, beta=c.per_beta, beta_final=c.per_beta_final,
+                beta_steps=max(1, total_updates), seed=c.seed, refresh_interval_s=refresh, name=self.dir.name,
+                n_step=c.n_step, gamma=c.gamma, frame_stack=c.frame_stack)
+        else:
+            sampler = UniformSampler(store, seed=c.seed, refresh_interval_s=refresh, n_step=c.n_step, gamma=c.gamma,
+                                     frame_stack=c.frame_stack)
+        if self.payload and self.payload.get("sampler"):
+            restore_sampler(sampler, self.payload["sampler"])
+        return sampler
+
+    def maybe_log(self, learner: Learner, epsilon: float | None = None, data_wait: float | None = None,
+                  force: bool = False) -> None:
+        if not force and self.step < self.next_log:
+            return
+        if force and self.step == self.logged:
+            return
+        self.logged = self.step
+        self.next_log = next_multiple(self.step, self.cfg.log_every)
+        now = time.perf_counter()
+        t, s, u = self._last
+        dt = max(now - t, 1e-9)
+        self._last = (now, self.env_steps, self.updates)
+        loss, q = learner.read_stats()
+        if data_wait is None:
+            total = self.wait_s + self.busy_s
+            data_wait = self.wait_s / total if total > 0 else None
+            self.wait_s = self.busy_s = 0.0
+        self.log.write(step=self.step, updates=self.updates, time_s=self.wall_s, episodes=self.episodes or None,
+                       return_mean=float(np.mean(self.returns)) if self.returns else None, loss=loss, q_mean=q,
+                       epsilon=epsilon, steps_per_s=(self.env_steps - s) / dt if not self.cfg.offline else None,
+                       updates_per_s=(self.updates - u) / dt, data_wait=data_wait)
+        self.returns = []
+
+    def maybe_eval(self, learner: Learner, env_id: str | None, force: bool = False) -> bool:
+        """Evaluate when due; True when ``target_return`` is reached."""
+        c = self.cfg
+        if not env_id or c.eval_episodes == 0 or (not force and self.step < self.next_eval):
+            return False
+        self.next_eval = next_multiple(self.step, c.eval_every) if c.eval_every else math.inf
+        t0, c0 = time.perf_counter(), time.process_time()
+        rets = evaluate(learner.q, env_id, c.eval_episodes, seed=c.seed + 100_000 + len(self.evals),
+                        device=self.device, atari=c.atari or None, frame_stack=c.frame_stack,
+                        max_episode_steps=c.max_episode_steps)
+        spent = time.perf_counter() - t0  # evaluation time is not training time
+        self.t0 += spent
+        self.cpu0 += time.process_time() - c0
+        self._last = (self._last[0] + spent, *self._last[1:])
+        mean, std = float(rets.mean()), float(rets.std())
+        self.evals.append((self.step, mean, std))
+        self.log.write(step=self.step, updates=self.updates, time_s=self.wall_s, eval_return=mean, eval_std=std)
+        log.info("step %d: eval return %.1f ± %.1f", self.step, mean, std)
+        if self.best is None or mean >= self.best:
+            self.best = mean
+            save_policy(self.dir / "best_policy.pt", learner.q, epsilon=None, step=self.step, eval_return=mean,
+                        **self.meta())
+        return c.target_return is not None and mean >= c.target_return
+
+    def maybe_checkpoint(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
+                         epsilon: float | None, force: bool = False, writer: Writer | None = None) -> None:
+        if not force and self.step < self.next_ckpt:
+            return
+        if writer is not None:
+            writer.publish()  # the store holds (visibly) every env step the checkpoint counts
+        self.next_ckpt = next_multiple(self.step, self.cfg.checkpoint_every) if self.cfg.checkpoint_every else math.inf
+        save = getattr(sampler, "save", None)
+        if save is not None and not self.cfg.offline:
+            save()  # priorities live in the store; written before the checkpoint that counts on them
+        counters = {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
+                    "time_s": self.wall_s, "cpu_s": self.cpu_s, "best_eval": self.best, "evals": self.evals}
+        save_checkpoint(self.dir / CHECKPOINT_NAME, q=learner.q, target=learner.target, optimizer=learner.optimizer,
+                        config=asdict(self.cfg), counters=counters, rng=rng, sampler=sampler, epsilon=epsilon,
+                        meta=self.meta())
+
+    def profile_step(self) -> None:
+        """Profile updates 10..30 of this session when ``profile`` is set (trace in run_dir/profile)."""
+        if not self.cfg.profile:
+            return
+        if self.profiler is None:
+            from torch.profiler import ProfilerActivity, profile, schedule
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            out = self.dir / "profile"
+            out.mkdir(exist_ok=True)
+
+            def done(p: Any) -> None:
+                p.export_chrome_trace(str(out / "trace.json"))
+                (out / "summary.txt").write_text(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+                log.info("profiler trace written to %s", out)
+
+            self.profiler = profile(activities=acts, schedule=schedule(wait=5, warmup=5, active=20, repeat=1),
+                                    on_trace_ready=done)
+            self.profiler.__enter__()
+        self.profiler.step()
+
+    def finish(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
+               epsilon: float | None, eval_env: str | None, stopped: bool) -> TrainResult:
+        if self.profiler is not None:
+            self.profiler.__exit__(None, None, None)
+        if not stopped and (not self.evals or self.evals[-1][0] != self.step):
+            self.maybe_eval(learner, eval_env, force=True)
+        self.maybe_log(learner, epsilon, force=True)
+        self.maybe_checkpoint(learner, sampler, rng, epsilon, force=True)
+        policy = self.dir / "policy.pt"
+        save_policy(policy, learner.q, epsilon=None, step=self.step, **self.meta())
+        self.log.close()
+        wall, cpu = self.wall_s, self.cpu_s
+        rows = _read_rates(self.dir)
+        res = TrainResult(run_dir=str(self.dir), policy_path=str(policy), env_steps=self.env_steps,
+                          updates=self.updates, wall_s=wall, cpu_s=cpu, evals=self.evals,
+                          final_return=self.evals[-1][1] if self.evals else None, best_return=self.best, **rows)
+        (self.dir / "result.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
+        return res
+
+
+def next_multiple(x: int, every: int) -> int | float:
+    return (x // every + 1) * every if every > 0 else math.inf
+
+
+def _read_rates(run_dir: Path) -> dict[str, float]:
+    from .runlog import read_metrics
+
+    m = read_metrics(run_dir)
+    t = m["time_s"]
+    ok = ~np.isnan(m["updates_per_s"])
+    wait = m["data_wait"][~np.isnan(m["data_wait"])]
+    span = float(np.nanmax(t)) if len(t) else 0.0
+    steps = float(np.nanmax(m["step"])) if len(t) else 0.0
+    ups = float(np.nanmax(m["updates"])) / span if span > 0 and ok.any() else 0.0
+    online = bool(np.nan_to_num(m["steps_per_s"]).max(initial=0) > 0)
+    return {"steps_per_s": steps / span if span > 0 and online else 0.0, "updates_per_s": ups,
+            "data_wait": float(wait.mean()) if len(wait) else 0.0}
+
+
+def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
+    """Open the run's store for appending, creating it from the env's spaces if missing."""
+    from ..agent.envs import spaces_to_json
+    from ..core.errors import SchemaError
+    from ..core.schema import Schema
+    from ..storage.store import create_store, open_store
+
+    schema = Schema.from_spaces(envs.single_observation_space, envs.single_action_space)
+    if Path(cfg.store, "STORE.json").exists():
+        store = open_store(cfg.store, mode="a")
+        for name in (*schema.obs_names, "action"):  # the reward may differ: the writer casts it safely
+            want = schema[name]
+            got = store.schema[name] if name in store.schema else None
+            if got is None or (got.dtype, got.shape) != (want.dtype, want.shape):
+                store.close()
+                raise SchemaError(f"{cfg.store}: field {name!r} is {got and (got.dtype, got.shape)}, but "
+                                  f"{cfg.env_id} gives {(want.dtype, want.shape)}",
+                                  hint="train into a new --store, or the env the store was collected from")
+        return store
+    meta = {"env_id": cfg.env_id, "atari": cfg.atari, "source": "mmreplay train",
+            **spaces_to_json(envs.single_observation_space, envs.single_action_space)}
+    return create_store(cfg.store, schema, capacity=cfg.capacity, segment_records=cfg.segment_records, metadata=meta)
+
+
+def count_actions(space: Any) -> int:
+    n = getattr(space, "n", None)
+    if n is None:
+        raise ValueError(f"DQN needs a Discrete action space, got {space!r}")
+    return int(n)
+
+
+def offline_n_actions(store: ReplayStore, eval_env: str | None, cfg: TrainConfig) -> int:
+    """From the eval env's action space, else the largest action in the store plus one."""
+    if eval_env:
+        from ..agent.envs import make_env
+
+        env = make_env(eval_env, atari=cfg.atari or None)
+        try:
+            return count_actions(env.action_space)
+        finally:
+            env.close()
+    store.refresh()
+    ids = store.transition_ids()
+    if len(ids) == 0:
+        from ..core.errors import EmptyStoreError
+
+        raise EmptyStoreError(f"{store.path} has no transitions to train from")
+    return int(store.rows("action", ids).max()) + 1

@@ -1,0 +1,430 @@
+"""``mmreplay train``: DQN online (synchronous or with actor processes) and BC / DQN / CQL offline,
+with the store as the replay memory.
+
+Reads like CleanRL's ``dqn.py``: a config dataclass (:class:`TrainConfig`, one docstring per
+field; the CLI options mirror it), the algorithm in :class:`Learner` (``# ALGO LOGIC``), and the
+loops (``train_online``, ``train_actors``, ``train_offline``) top to bottom.
+
+* **Online, ``actors=0``**: one process steps a vector env, writes each step into the store
+  (``writer.add``), and every ``train_freq`` env steps runs ``gradient_steps`` updates on batches
+  drawn from the store. Before a training round the store is refreshed, so every row written so
+  far (and nothing else) can be drawn, and batches are drawn in the loop's own thread: with a
+  seed, a run is exactly reproducible (same weights, same metrics, on the same machine).
+* **Online, ``actors>0``**: actor processes (``mmreplay.ActorPool``) write the store
+  with their own writers; the learner samples through a ``BatchLoader``, publishes its weights
+  every ``publish_every`` updates (a policy file written atomically), and a samples-per-insert
+  rate limiter keeps updates × batch ≈ ``samples_per_insert`` × new env steps in both
+  directions (the learner waits for data, the actors wait for the learner).
+* **Offline**: the store is opened read-only (works on a read-only copy); batches come from a
+  ``BatchLoader``; ``bc`` (cross-entropy on the Q-network's logits), ``dqn`` (double DQN) or
+  ``cql`` (discrete CQL, Kumar et al. 2020: ``alpha * (logsumexp_a Q(s, a) - Q(s, a_data))``
+  added to the double-DQN loss).
+
+Every run has a directory (``run_dir``) with ``metrics.csv`` (and TensorBoard), ``checkpoint.pt``
+(atomic, every ``checkpoint_every`` steps; ``resume=True`` continues from it with the same store),
+``policy.pt`` (the final network), ``best_policy.pt`` (the best evaluation) and ``config.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._run import (
+    Batches,
+    Run,
+    TrainResult,
+    count_actions,
+    next_multiple,
+    offline_n_actions,
+    open_store_for_env,
+    to_tensors,
+)
+from ..agent.policy import FrameStack, QNetwork, network_spec, save_policy
+from .checkpoint import restore_torch_rng
+from ..agent.evaluation import greedy_actions
+
+# the config lives in its own module (no torch there); re-exported for `from mmreplay.train import ...`
+from .config import (  # noqa: F401
+    Algo,
+    TrainConfig,
+    _run_dir,
+    atari_config,
+    default_run_dir,
+    linear_schedule,
+    resume_config,
+    target_update_interval_of,
+    validate_config,
+)
+
+log = logging.getLogger(__name__)
+
+
+# -- ALGO LOGIC ---------------------------------------------------------------------------------------
+class Learner:
+    """The Q network, its target, the optimizer, and one gradient step of DQN, CQL or BC."""
+
+    def __init__(self, cfg: TrainConfig, spec: dict[str, Any], device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.q = QNetwork(spec).to(device)
+        self.target = copy.deepcopy(self.q).requires_grad_(False) if cfg.algo != "bc" else None
+        # fused Adam: one kernel for every parameter (3x faster than the per-tensor loop for small nets)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate, fused=True)
+        self.q_fwd = torch.compile(self.q) if cfg.compile else self.q
+        self.target_fwd = torch.compile(self.target) if cfg.compile and self.target is not None else self.target
+        self.amp = cfg.amp and device.type == "cuda"
+        if cfg.amp and not self.amp:
+            log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
+        self.updates = 0
+        self.target_every = target_update_interval_of(cfg)
+        self._loss_sum = torch.zeros((), device=device)  # since the last read_stats (no sync per update)
+        self._q_sum = torch.zeros((), device=device)
+        self._n = 0
+
+    def autocast(self) -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
+
+    def update(self, b: Any) -> torch.Tensor | None:
+        """One gradient step on a batch of tensors; returns the TD errors (``None`` for BC)."""
+        cfg = self.cfg
+        action = b.action.long().view(-1, 1)
+        td = None
+        with self.autocast():
+            q_all = self.q_fwd(b.obs).float()
+            q_sa = q_all.gather(1, action).squeeze(1)
+            if cfg.algo == "bc":
+                loss = F.cross_entropy(q_all, action.squeeze(1))
+            else:
+                with torch.no_grad():
+                    q_next_target = self.target_fwd(b.next_obs).float()
+                    if cfg.double:
+                        best = self.q_fwd(b.next_obs).argmax(dim=1, keepdim=True)
+                        q_next = q_next_target.gather(1, best).squeeze(1)
+                    else:
+                        q_next = q_next_target.max(dim=1).values
+                    if b.discount is not None:  # n-step / frame-stack views: gamma^m, 0 after termination
+                        discount = b.discount.float()
+                    else:
+                        discount = cfg.gamma * (1.0 - b.terminated.float())
+                    y = b.reward.float() + discount * q_next
+                td = q_sa - y
+                if cfg.loss == "huber":
+                    per_sample = F.smooth_l1_loss(q_sa, y, reduction="none")
+                else:
+                    per_sample = td.pow(2)
+                if b.weights is not None:  # prioritized replay: importance weights
+                    per_sample = per_sample * b.weights.float()
+                loss = per_sample.mean()
+                if cfg.algo == "cql":  # push down Q of unseen actions, up Q of the data's
+                    loss = loss + cfg.cql_alpha * (torch.logsumexp(q_all, dim=1) - q_sa).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        if self.target is not None and self.updates % self.target_every == 0:
+            self.update_target()
+        self._loss_sum += loss.detach()
+        self._q_sum += q_sa.detach().mean()
+        self._n += 1
+        return None if td is None else td.detach()
+
+    @torch.no_grad()
+    def update_target(self) -> None:
+        assert self.target is not None
+        if self.cfg.tau >= 1.0:
+            self.target.load_state_dict(self.q.state_dict())
+        else:
+            for t, p in zip(self.target.parameters(), self.q.parameters()):
+                t.lerp_(p, self.cfg.tau)
+
+    def read_stats(self) -> tuple[float | None, float | None]:
+        """Mean loss and mean Q(s, a) since the last call."""
+        n = self._n
+        if not n:
+            return None, None
+        loss, q = float(self._loss_sum) / n, float(self._q_sum) / n
+        self._loss_sum.zero_()
+        self._q_sum.zero_()
+        self._n = 0
+        return loss, q
+
+    def load(self, payload: dict[str, Any]) -> None:
+        self.q.load_state_dict(payload["state_dict"])
+        if self.target is not None and payload.get("target") is not None:
+            self.target.load_state_dict(payload["target"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.updates = int(payload["counters"]["updates"])
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run a training job described by ``cfg`` (see the module docstring)."""
+    if cfg.ray is not None and cfg.actors < 1:
+        raise ValueError("--ray runs the actors on Ray: give --actors A (A >= 1)")
+    if cfg.offline:
+        return train_offline(cfg)
+    if cfg.actors > 0:
+        return train_actors(cfg)
+    return train_online(cfg)
+
+
+# -- online, synchronous ------------------------------------------------------------------------------
+def train_online(cfg: TrainConfig) -> TrainResult:
+    """The classic loop in one process: act, write the step into the store, train every
+    ``train_freq`` env steps. Reproducible with a seed."""
+    from ..agent.envs import flatten_obs, make_vec_env
+
+    run = Run(cfg, _run_dir(cfg))
+    envs = make_vec_env(cfg.env_id, cfg.num_envs, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
+    store = open_store_for_env(cfg, envs)
+    n_actions = count_actions(envs.single_action_space)
+    learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,
+                                        dueling=cfg.dueling), run.device)
+    total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
+    sampler = run.make_sampler(store, total_updates)
+    rng = np.random.default_rng(cfg.seed)
+    if run.payload:
+        learner.load(run.payload)
+        rng.bit_generator.state = run.payload["rng"]
+        restore_torch_rng(run.payload)
+    writer = store.writer(lanes=cfg.num_envs, cast="safe")
+    n = cfg.num_envs
+    obs, _ = envs.reset(seed=cfg.seed + run.env_steps)
+    stack = FrameStack(cfg.frame_stack) if cfg.frame_stack > 1 else None
+    x = stack.reset(obs) if stack is not None else obs
+    autoreset = np.zeros(n, np.bool_)  # this step only resets the lane (next-step autoreset)
+    ep_return = np.zeros(n)
+    # train at every multiple of train_freq past learning_starts (as SB3 and CleanRL do)
+    next_train = next_multiple(max(cfg.learning_starts, run.env_steps), cfg.train_freq)
+    decay = cfg.exploration_fraction * cfg.steps
+    epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+    stopped = False
+    run.start_clock()
+    try:
+        while run.env_steps < cfg.steps and not stopped:
+            # ACT: epsilon-greedy, one draw per env
+            epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+            explore = rng.random(n) < epsilon
+            actions = rng.integers(0, n_actions, n)
+            if not explore.all():
+                actions = np.where(explore, actions, greedy_actions(learner.q, x, run.device))
+            next_obs, reward, terminated, truncated, _ = envs.step(actions)
+            # DATA: the step goes into the store (the row after an episode's end is its final obs)
+            if isinstance(obs, dict):
+                writer.add({**flatten_obs(obs), "action": actions, "reward": reward, "terminated": terminated,
+                            "truncated": truncated})
+            else:  # keyword form: the writer's fast path
+                writer.add(obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated)
+            ended = terminated | truncated
+            ep_return += reward
+            if ended.any():
+                run.returns.extend(ep_return[ended].tolist())
+                run.episodes += int(ended.sum())
+                ep_return[ended] = 0.0
+            run.env_steps += int(n - autoreset.sum())
+            x = stack.push(next_obs, autoreset) if stack is not None else next_obs
+            obs, autoreset = next_obs, ended
+            # TRAIN: every train_freq env steps, gradient_steps updates on batches from the store
+            if run.env_steps >= next_train:
+                next_train = next_multiple(run.env_steps, cfg.train_freq)
+                store.refresh()  # every row written so far can be drawn: the run is reproducible
+                for _ in range(cfg.gradient_steps):
+                    t0 = time.perf_counter()
+                    b = sampler.sample(cfg.batch_size)
+                    t1 = time.perf_counter()
+                    td = learner.update(to_tensors(b, run.device))
+                    if cfg.prioritized and td is not None:
+                        sampler.update_priorities(b.ids, td.abs().cpu().numpy())
+                    run.updates += 1
+                    run.wait_s += t1 - t0
+                    run.busy_s += time.perf_counter() - t1
+                    run.profile_step()
+            run.maybe_log(learner, epsilon)
+            stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id)
+            run.maybe_checkpoint(learner, sampler, rng, epsilon, writer=writer)
+        writer.close(last_obs=flatten_obs(obs) if isinstance(obs, dict) else obs)
+        return run.finish(learner, sampler, rng, epsilon, cfg.eval_env or cfg.env_id, stopped)
+    finally:
+        writer.close()
+        envs.close()
+        store.close()
+
+
+# -- online, actor processes ----------------------------------------------------------------------------
+def train_actors(cfg: TrainConfig) -> TrainResult:
+    """Actors in separate processes write the store; the learner samples it through a loader,
+    publishes weights every ``publish_every`` updates, and keeps the samples-per-insert ratio."""
+    try:
+        from ..actors.pool import ActorPool
+    except ImportError as exc:
+        raise NotImplementedError("--actors needs mmreplay.ActorPool, which this install lacks") from exc
+    from ..agent.envs import make_env
+
+    probe = make_env(cfg.env_id, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
+    if cfg.ray is not None and cfg.segment_records is None:  # rows ship a sealed segment at a time: small ones
+        from ..cluster.driver import cluster_segment_records
+        from ..core.schema import Schema
+
+        cfg = replace(cfg, segment_records=cluster_segment_records(
+            Schema.from_spaces(probe.observation_space, probe.action_space), cfg.envs_per_actor))
+    run = Run(cfg, _run_dir(cfg))
+    n_actions = count_actions(probe.action_space)
+
+    class _Spaces:  # what _open_store_for_env reads from a vector env
+        single_observation_space = probe.observation_space
+        single_action_space = probe.action_space
+
+    store = open_store_for_env(cfg, _Spaces)
+    probe.close()
+    learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,
+                                        dueling=cfg.dueling), run.device)
+    total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
+    spi = cfg.samples_per_insert or cfg.batch_size * cfg.gradient_steps / cfg.train_freq
+    if run.payload:
+        learner.load(run.payload)
+        restore_torch_rng(run.payload)
+    decay = cfg.exploration_fraction * cfg.steps
+    policy_path = run.dir / "actor_policy.pt"
+    epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+    save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
+    store_path = str(store.path)
+    base_rows = run.env_steps  # env steps of earlier sessions (the pool counts its own)
+    if cfg.ray is not None:  # Ray actors on any node; rows come back through archives, weights through Ray
+        from ..cluster.driver import RayActorPool
+
+        pool: Any = RayActorPool(cfg.env_id, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
+                                 policy_path=str(policy_path), seed=cfg.seed + run.env_steps,
+                                 atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps,
+                                 address=None if cfg.ray == "local" else cfg.ray, archive_url=cfg.ray_archive)
+    else:
+        pool = ActorPool(cfg.env_id, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
+                         policy_path=str(policy_path), seed=cfg.seed + run.env_steps, atari=cfg.atari or None,
+                         max_episode_steps=cfg.max_episode_steps)
+    slack = max(cfg.train_freq, cfg.actors * cfg.envs_per_actor * 4)
+
+    warmup = max(cfg.learning_starts - base_rows, 0)
+
+    def allowed(updates: int) -> int:  # env steps the actors may have stored for this many updates
+        return warmup + math.ceil(updates * cfg.batch_size / spi) + slack
+
+    seen = [0]  # episodes of this session's pool already counted
+    pool.start()  # the actors load the policy file written above
+    pool.allow(allowed(0))
+    sampler = None
+    stopped = False
+    try:
+        while pool.env_steps < max(warmup, 1):  # warm-up: data before the first update
+            time.sleep(0.01)
+            pool.check()
+            _take_returns(run, pool, seen)
+        store.refresh()
+        sampler = run.make_sampler(store, total_updates)
+        session_updates = 0
+        batches = Batches(sampler, cfg, run.device)
+        run.start_clock()
+        try:
+            while run.env_steps < cfg.steps and not stopped:
+                # RATE LIMIT: at most samples_per_insert sampled transitions per inserted one
+                while (session_updates + 1) * cfg.batch_size > spi * (pool.env_steps - warmup + slack) and \
+                        base_rows + pool.env_steps < cfg.steps:
+                    time.sleep(0.0005)
+                    pool.check()
+                if batches.loader is None and session_updates % 16 == 0:
+                    store.refresh(scan=False)  # the actors' newest rows (new segments: every second)
+                b = batches.next()
+                td = learner.update(b)
+                if cfg.prioritized and td is not None:
+                    batches.update_priorities(b.ids, td.abs())
+                session_updates += 1
+                run.updates += 1
+                pool.allow(allowed(session_updates))
+                run.env_steps = base_rows + pool.env_steps
+                epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+                if session_updates % cfg.publish_every == 0:  # PUBLISH: atomic file, actors reload it
+                    save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
+                run.profile_step()
+                if run.step >= run.next_log:  # the actors' episode returns are read here only (a queue poll)
+                    _take_returns(run, pool, seen)
+                    run.maybe_log(learner, epsilon, data_wait=batches.wait_fraction())
+                stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id)
+                run.maybe_checkpoint(learner, None, None, epsilon)
+            data_wait = batches.total_wait_fraction()
+        finally:
+            batches.close()
+        run.env_steps = base_rows + pool.env_steps
+        _take_returns(run, pool, seen)
+    finally:
+        pool.stop()
+    store.refresh()
+    try:
+        res = run.finish(learner, None, None, epsilon, cfg.eval_env or cfg.env_id, stopped)
+        res.data_wait = data_wait
+        return res
+    finally:
+        store.close()
+
+
+def _take_returns(run: Run, pool: Any, seen: list[int]) -> None:
+    """Returns of the episodes the actors finished since the last call (``seen``: [count])."""
+    total = pool.episodes
+    new = total - seen[0]
+    if new > 0:
+        run.returns.extend(pool.episode_returns(last=new))
+        run.episodes += new
+        seen[0] = total
+
+
+# -- offline --------------------------------------------------------------------------------------------
+def train_offline(cfg: TrainConfig) -> TrainResult:
+    """BC, DQN or CQL from a saved store, read-only; ``steps`` learner updates."""
+    from ..storage.store import open_store
+
+    run = Run(cfg, _run_dir(cfg))
+    if cfg.archive:
+        from ..archive.zarr_io import open_archive
+
+        store = open_archive(cfg.archive)  # whole segments fetched into a temporary local cache
+    else:
+        store = open_store(cfg.store, mode="r")
+    eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
+    n_actions = offline_n_actions(store, eval_env, cfg)
+    learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,
+                                        dueling=cfg.dueling), run.device)
+    if run.payload:
+        learner.load(run.payload)
+        restore_torch_rng(run.payload)
+    sampler = run.make_sampler(store, cfg.steps)
+    stopped = False
+    batches = Batches(sampler, cfg, run.device)
+    run.start_clock()
+    try:
+        while run.updates < cfg.steps and not stopped:
+            b = batches.next()
+            td = learner.update(b)
+            if cfg.prioritized and td is not None:
+                batches.update_priorities(b.ids, td.abs())
+            run.updates += 1
+            run.profile_step()
+            if run.step >= run.next_log:
+                run.maybe_log(learner, data_wait=batches.wait_fraction())
+            stopped = run.maybe_eval(learner, eval_env)
+            run.maybe_checkpoint(learner, sampler, None, None)
+        batches.close()
+        data_wait = batches.total_wait_fraction()
+        res = run.finish(learner, sampler, None, None, eval_env, stopped)
+        res.data_wait = data_wait
+        return res
+    finally:
+        batches.close()
+        store.close()

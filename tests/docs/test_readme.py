@@ -1,0 +1,70 @@
+"""Every code block in README.md is executed or checked, so the README cannot rot.
+
+* ``python`` blocks run in order in one fresh interpreter, like cells of a notebook, with the
+  paths ``/data/`` and ``/tmp/`` pointed into a temporary directory.
+* ``sh`` lines that start with ``mmreplay`` are parsed by the real click command (every option
+  must exist and its value must parse); synopsis lines (with ``[...]`` or CAPITAL placeholders)
+  only need their subcommand to exist. ``python -m mmreplay --help`` is run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from mmreplay.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+
+
+def blocks(lang: str) -> list[str]:
+    return [body for kind, body in FENCE.findall((ROOT / "README.md").read_text()) if kind == lang]
+
+
+def _paths(text: str, tmp: Path) -> str:
+    return text.replace("/data/", f"{tmp}/data/").replace("/tmp/", f"{tmp}/")
+
+
+@pytest.mark.slow
+def test_python_blocks_run_in_order(tmp_path):
+    code = "\n\n".join(blocks("python"))
+    assert "mmreplay" in code
+    (tmp_path / "data").mkdir()
+    script = tmp_path / "readme.py"
+    script.write_text(_paths(code, tmp_path))
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"README python blocks failed:\n{out.stderr[-3000:]}"
+
+
+def _is_synopsis(args: list[str]) -> bool:
+    return any("[" in a or a.isupper() or "..." in a for a in args[1:])
+
+
+def test_sh_blocks_parse_with_the_real_cli(tmp_path):
+    lines = [ln.split(" # ")[0].strip() for b in blocks("sh") for ln in b.splitlines()]
+    commands = [shlex.split(ln) for ln in lines if ln.startswith("mmreplay ")]
+    assert len(commands) >= 5
+    for args in commands:
+        name, rest = args[1], args[2:]
+        ctx = main.make_context("mmreplay", [name], resilient_parsing=True)
+        cmd = main.get_command(ctx, name)
+        assert cmd is not None, f"README uses `mmreplay {name}`, which does not exist"
+        if _is_synopsis(args) or "--help" in rest:
+            continue
+        try:
+            cmd.make_context(name, [_paths(a, tmp_path) for a in rest], parent=ctx)
+        except click.BadParameter as exc:
+            if "does not exist" not in str(exc):  # a path the example names but this test does not make
+                pytest.fail(f"README line `{' '.join(args)}` does not parse: {exc}")
+        except click.UsageError as exc:  # pragma: no cover - the message says which line
+            pytest.fail(f"README line `{' '.join(args)}` does not parse: {exc}")
+    if any(ln.startswith("python -m mmreplay --help") for ln in lines):
+        out = subprocess.run([sys.executable, "-m", "mmreplay", "--help"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "collect" in out.stdout

@@ -1,0 +1,339 @@
+"""mmreplay train: policy files, the learner's losses, and shortened acceptance runs (online, resume
+after SIGKILL, offline, actors, Atari). Full-length figures come from benchmarks/train_cartpole.py
+and benchmarks/offline.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mmreplay  # noqa: E402
+from mmreplay.agent import FrameStack, QNetwork, load_policy, network_spec, save_policy  # noqa: E402
+from mmreplay.train import Learner, TrainConfig, to_tensors, train  # noqa: E402
+
+CARTPOLE_FAST = dict(learning_starts=500, train_freq=64, gradient_steps=32, target_update_interval=32,
+                     eval_episodes=10, tensorboard=False, segment_records=4096, capacity=100_000)
+
+
+def _cartpole_cfg(tmp_path: Path, name: str, **kw: object) -> TrainConfig:
+    return TrainConfig(env_id="CartPole-v1", store=str(tmp_path / f"{name}-store"), run_dir=str(tmp_path / f"{name}-run"),
+                       **{**CARTPOLE_FAST, **kw})  # type: ignore[arg-type]
+
+
+# -- policy files -----------------------------------------------------------------------------------
+def test_policy_file_roundtrip_dict_obs_and_cnn(tmp_path):
+    schema = mmreplay.Schema([mmreplay.Field("obs/pos", np.float32, (3,)), mmreplay.Field("obs/vel", np.float32, (2,)),
+                              mmreplay.Field("action", np.int64), mmreplay.Field("reward", np.float32),
+                              mmreplay.Field("terminated", np.bool_), mmreplay.Field("truncated", np.bool_)])
+    net = QNetwork(network_spec(schema, 4, hidden=(16,), dueling=True))
+    obs = {"obs/pos": np.random.rand(5, 3).astype(np.float32), "obs/vel": np.random.rand(5, 2).astype(np.float32)}
+    with torch.no_grad():
+        want = net({k: torch.as_tensor(v) for k, v in obs.items()}).numpy()
+    save_policy(tmp_path / "p.pt", net, epsilon=0.25, step=7, env_id="Toy-v0")
+    assert [p.name for p in tmp_path.iterdir()] == ["p.pt"]  # no temp file left behind
+    pol = load_policy(tmp_path / "p.pt")
+    assert pol.meta == {"env_id": "Toy-v0", "epsilon": 0.25, "step": 7} and pol.n_actions == 4
+    np.testing.assert_allclose(pol.q_values(obs), want, rtol=1e-6)
+    np.testing.assert_array_equal(pol.act({"pos": obs["obs/pos"], "vel": obs["obs/vel"]}), want.argmax(1))
+    with pytest.raises(mmreplay.SchemaError, match="obs/vel"):
+        pol.q_values({"obs/pos": obs["obs/pos"], "obs/vel": np.zeros((5, 3), np.float32)})
+
+    frames = mmreplay.Schema.transition(obs_shape=(84, 84), obs_dtype=np.uint8)
+    cnn = QNetwork(network_spec(frames, 6, frame_stack=4))
+    assert cnn.spec["kind"] == "cnn"
+    save_policy(tmp_path / "cnn.pt", cnn)
+    pol = load_policy(tmp_path / "cnn.pt")
+    x = np.random.randint(0, 255, (2, 4, 84, 84), np.uint8)
+    with torch.no_grad():  # uint8 frames are scaled by 1/255 inside the network
+        want = cnn(torch.as_tensor(x).float() / 255).numpy()
+    np.testing.assert_allclose(pol.q_values(x), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(mmreplay.SchemaError, match=r"\(B, 4, 84, 84\)"):
+        pol.act(x[:, 0])
+
+
+def test_frame_stack_matches_the_samplers_stacks(tmp_path):
+    """Acting stacks (FrameStack with the next-step autoreset flags) equal the sampler's."""
+    store = mmreplay.create_store(tmp_path / "s", mmreplay.Schema.transition(obs_shape=(1,), obs_dtype=np.float32),
+                                  segment_records=1024)
+    ends = {3, 4, 11}  # steps whose env.step ends the episode (4: a one-step episode right after a reset)
+    stack, seen = FrameStack(3), {}
+    autoreset = np.zeros(1, bool)
+    x = stack.reset(np.zeros((1, 1), np.float32))
+    with store.writer(lanes=1) as w:
+        for t in range(16):
+            done = t in ends and not autoreset[0]
+            seen[t] = x[0, :, 0].copy()
+            w.add(obs=np.full((1, 1), t, np.float32), action=np.zeros(1, np.int64), reward=np.ones(1, np.float32),
+                  terminated=np.array([done]), truncated=np.zeros(1, bool))
+            x = stack.push(np.full((1, 1), t + 1, np.float32), autoreset)
+            autoreset = np.array([done])
+    sampler = mmreplay.UniformSampler(store, frame_stack=3, seed=0)
+    ids = sampler.valid_ids()
+    t_of = store.rows("obs", ids)[:, 0].astype(int)
+    stacks = sampler.view(ids).obs[:, :, 0]
+    assert len(ids) >= 10
+    for t, s in zip(t_of, stacks):
+        np.testing.assert_array_equal(s, seen[t], err_msg=f"step {t}")
+    store.close()
+
+
+# -- the learner -----------------------------------------------------------------------------------
+def _batch(n=32, seed=0):
+    rng = np.random.default_rng(seed)
+    obs, nxt = rng.normal(size=(n, 4)).astype(np.float32), rng.normal(size=(n, 4)).astype(np.float32)
+    return mmreplay.TransitionBatch(obs, rng.integers(0, 2, n), rng.normal(size=n), nxt, rng.random(n) < 0.2,
+                                    np.zeros(n, bool), np.arange(n), discount=None)
+
+
+@pytest.mark.parametrize("algo", ["dqn", "cql", "bc"])
+def test_learner_losses_match_hand_computation(algo):
+    cfg = TrainConfig(env_id="x", store="x", algo=algo, offline=True, hidden=(32,), cql_alpha=0.5, learning_rate=1e-3)
+    schema = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
+    torch.manual_seed(0)
+    learner = Learner(cfg, network_spec(schema, 2, hidden=(32,)), torch.device("cpu"))
+    with torch.no_grad():  # make the target differ from the online net
+        for p in learner.q.parameters():
+            p.add_(0.1)
+    b = to_tensors(_batch(), torch.device("cpu"))
+    a = b.action.long()
+    with torch.no_grad():
+        q_all = learner.q(b.obs)
+        q_sa = q_all.gather(1, a[:, None]).squeeze(1)
+        if algo == "bc":
+            want_loss = torch.nn.functional.cross_entropy(q_all, a)
+        else:
+            best = learner.q(b.next_obs).argmax(1, keepdim=True)  # double DQN: online net picks
+            y = b.reward.float() + 0.99 * (1 - b.terminated.float()) * learner.target(b.next_obs).gather(1, best)[:, 0]
+            want_td = q_sa - y
+            want_loss = torch.nn.functional.smooth_l1_loss(q_sa, y)
+            if algo == "cql":
+                want_loss = want_loss + 0.5 * (torch.logsumexp(q_all, 1) - q_sa).mean()
+    td = learner.update(b)
+    loss, q_mean = learner.read_stats()
+    assert loss == pytest.approx(float(want_loss), rel=1e-5)
+    assert q_mean == pytest.approx(float(q_sa.mean()), rel=1e-5, abs=1e-6)
+    if algo == "bc":
+        assert td is None and learner.target is None
+    else:
+        torch.testing.assert_close(td, want_td)
+    with torch.no_grad():
+        assert not torch.equal(learner.q(b.obs), q_all)  # the step changed the weights
+
+
+def test_polyak_target_update():
+    cfg = TrainConfig(env_id="x", store="x", tau=0.25, target_update_interval=1, hidden=(8,))
+    learner = Learner(cfg, network_spec(mmreplay.Schema.transition(obs_shape=(4,)), 2, hidden=(8,)),
+                      torch.device("cpu"))
+    before = [p.clone() for p in learner.target.parameters()]
+    learner.update(to_tensors(_batch(), torch.device("cpu")))
+    for t, b, q in zip(learner.target.parameters(), before, learner.q.parameters()):
+        torch.testing.assert_close(t, b + 0.25 * (q - b))
+
+
+# -- online, synchronous -----------------------------------------------------------------------------
+def test_online_cartpole_learns_and_is_reproducible(tmp_path):
+    """Shortened acceptance: the synchronous loop learns CartPole from the store, with PER and
+    3-step returns, and the same seed gives the same weights and metrics."""
+    kw = dict(steps=3000, eval_every=1500, checkpoint_every=0, seed=3, prioritized=True, n_step=3, log_every=500)
+    r1 = train(_cartpole_cfg(tmp_path, "a", **kw))
+    r2 = train(_cartpole_cfg(tmp_path, "b", **kw))
+    assert r1.env_steps == 3000 and r1.updates == 32 * len(range(512, 3001, 64))  # rounds past learning_starts
+    assert r1.best_return >= 150, r1.evals  # random play: ~22
+    assert r1.evals == r2.evals
+    p1, p2 = load_policy(r1.policy_path), load_policy(r2.policy_path)
+    for (k, v1), v2 in zip(p1.net.state_dict().items(), p2.net.state_dict().values()):
+        assert torch.equal(v1, v2), k
+    m1 = (Path(r1.run_dir) / "metrics.csv").read_text().splitlines()
+    m2 = (Path(r2.run_dir) / "metrics.csv").read_text().splitlines()
+    col = m1[0].split(",").index("loss")
+    assert [ln.split(",")[col] for ln in m1] == [ln.split(",")[col] for ln in m2]
+    with mmreplay.open_store(tmp_path / "a-store") as s:
+        assert s.info()["transitions"] >= 3000  # every step went into the store
+    assert (tmp_path / "a-store" / "priorities" / "a-run.npz").exists()
+
+
+def test_config_is_validated_before_anything_is_made(tmp_path):
+    with pytest.raises(ValueError, match="batch_size"):
+        train(_cartpole_cfg(tmp_path, "v", batch_size=0))
+    with pytest.raises(ValueError, match="offline only"):
+        train(_cartpole_cfg(tmp_path, "v", algo="cql"))
+    assert not (tmp_path / "v-store").exists() and not (tmp_path / "v-run").exists()
+    mmreplay.create_store(tmp_path / "w-store", mmreplay.Schema.transition(obs_shape=(3,))).close()
+    with pytest.raises(mmreplay.SchemaError, match="field 'obs'"):  # a store of another env
+        train(_cartpole_cfg(tmp_path, "w"))
+
+
+def test_cli_options_mirror_the_config_and_do_not_import_torch():
+    import dataclasses
+
+    from click.testing import CliRunner
+
+    from mmreplay.cli.main import main
+    from mmreplay.cli.train import option_fields
+
+    assert option_fields() == {f.name for f in dataclasses.fields(TrainConfig)}
+    r = CliRunner().invoke(main, ["train", "--help"])
+    assert r.exit_code == 0 and "Examples:" in r.output and "--prioritized / --uniform" in r.output
+    r = CliRunner().invoke(main, ["train", "CartPole-v1"])
+    assert r.exit_code == 1 and "`store` is required" in r.output
+    code = "import sys; from mmreplay.cli.main import main; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- resume after SIGKILL, through the CLI --------------------------------------------------------------
+def _mmreplay(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mmreplay", *args]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_keeps_the_store_and_finishes(tmp_path):
+    store, run = tmp_path / "store", tmp_path / "run"
+    args = ["train", "CartPole-v1", "--store", str(store), "--run-dir", str(run), "--steps", "3000",
+            "--learning-starts", "500", "--train-freq", "64", "--gradient-steps", "32", "--target-update-interval", "32",
+            "--checkpoint-every", "500", "--eval-every", "500", "--eval-episodes", "10", "--segment-records", "2048",
+            "--learning-rate", "1e-3",
+            "--no-tensorboard", "-q"]
+    from mmreplay.train.checkpoint import load_checkpoint
+
+    proc = subprocess.Popen(_mmreplay(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run / "checkpoint.pt").exists() and load_checkpoint(run / "checkpoint.pt")["counters"]["env_steps"] >= 1000:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    killed_at = load_checkpoint(run / "checkpoint.pt")["counters"]["env_steps"]  # a newer one may have landed
+    assert 1000 <= killed_at <= 2000, killed_at  # evals every 500: at least two after the resume
+    with mmreplay.open_store(store) as s:
+        rows_at_kill = s.num_rows
+    assert rows_at_kill >= killed_at  # the writer published every step before the checkpoint counted it
+    out = subprocess.run(_mmreplay("train", "--resume", "--run-dir", str(run)), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((run / "result.json").read_text())
+    after = [mean for step, mean, _ in result["evals"] if step > killed_at]
+    assert result["env_steps"] == 3000 and len(after) >= 2 and max(after) >= 80, result["evals"]  # random: ~22
+    with mmreplay.open_store(store, mode="a") as s:  # the killed writer's rows were recovered, none lost
+        assert s.num_rows >= rows_at_kill + (3000 - killed_at)
+    lines = (run / "metrics.csv").read_text().splitlines()[1:]
+    steps = [int(float(ln.split(",")[0])) for ln in lines if ln.split(",")[5] == ""]  # training rows
+    assert steps == sorted(steps) and len(steps) == len(set(steps))  # rows after the checkpoint were dropped
+    plot = subprocess.run(_mmreplay("plot", str(run)), capture_output=True, text=True)
+    if "matplotlib" not in plot.stderr:
+        assert plot.returncode == 0, plot.stderr
+        assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- offline --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """Small "random" and "mediocre" CartPole stores (the benchmark uses ~50k transitions each)."""
+    from mmreplay.actors import collect
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from offline import LinearController
+
+    root = tmp_path_factory.mktemp("offline")
+    out = {}
+    for name, policy in (("random", "random"), ("mediocre", LinearController(0.6, seed=5))):
+        res = collect("CartPole-v1", root / name, 8000, policy=policy, workers=0, envs_per_worker=8, seed=11,
+                      progress=False)
+        out[name] = (root / name, float(np.mean(res.episode_returns)))
+    return out
+
+
+def _offline(tmp_path, store, algo, steps=1000, **kw):
+    return train(TrainConfig(offline=True, store=str(store), algo=algo, steps=steps, eval_env="CartPole-v1",
+                             eval_every=0, eval_episodes=20, run_dir=str(tmp_path / f"{algo}-{store.name}"),
+                             tensorboard=False, checkpoint_every=0, **kw))
+
+
+def test_offline_bc_and_cql_on_mediocre_data_from_a_read_only_copy(tmp_path, datasets):
+    path, behaviour = datasets["mediocre"]
+    assert 50 < behaviour < 200
+    ro = tmp_path / "ro"
+    subprocess.run(["cp", "-a", str(path), str(ro)], check=True)
+    subprocess.run(["chmod", "-R", "a-w", str(ro)], check=True)
+    try:
+        bc = _offline(tmp_path, ro, "bc")
+        cql = _offline(tmp_path, ro, "cql", loader=True)  # through the BatchLoader thread as well
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(ro)], check=True)
+    assert bc.final_return >= 400 and cql.final_return >= 300, (bc.evals, cql.evals)
+    assert bc.updates == cql.updates == 1000
+
+
+def test_offline_bc_on_random_data_is_no_better_than_random(tmp_path, datasets):
+    path, behaviour = datasets["random"]
+    bc = _offline(tmp_path, path, "bc")
+    assert bc.final_return <= behaviour * 1.5, (bc.evals, behaviour)
+
+
+# -- actors ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_actors_fill_the_store_under_the_samples_per_insert_limit(tmp_path):
+    pytest.importorskip("mmreplay.actors").ActorPool  # noqa: B018
+    cfg = _cartpole_cfg(tmp_path, "act", steps=3000, actors=2, eval_every=0, eval_episodes=5, checkpoint_every=0,
+                        publish_every=16)
+    res = train(cfg)
+    assert 3000 <= res.env_steps < 3000 + 2 * 300
+    spi = cfg.batch_size * cfg.gradient_steps / cfg.train_freq  # 32 sampled per inserted transition
+    expected = (res.env_steps - cfg.learning_starts) * spi / cfg.batch_size
+    assert abs(res.updates - expected) <= 300 * spi / cfg.batch_size + 50, (res.updates, expected)
+    with mmreplay.open_store(cfg.store) as s:
+        assert s.num_rows >= res.env_steps
+    assert load_policy(Path(res.run_dir) / "actor_policy.pt").meta["epsilon"] == pytest.approx(cfg.end_e)
+
+
+# -- Atari path -----------------------------------------------------------------------------------------
+def test_atari_path_end_to_end(tmp_path):
+    pytest.importorskip("ale_py")
+    from mmreplay.train import atari_config
+
+    cfg = atari_config(env_id="ALE/Pong-v5", store=str(tmp_path / "pong"), run_dir=str(tmp_path / "pong-run"),
+                       steps=240, learning_starts=160, train_freq=8, batch_size=8, n_step=3, prioritized=True,
+                       eval_episodes=1, max_episode_steps=60, eval_every=0, checkpoint_every=0, capacity=10_000,
+                       segment_records=512, tensorboard=False, threads=1)
+    res = train(cfg)
+    assert res.env_steps >= 240 and res.updates == (240 - 160) // 8
+    pol = load_policy(res.policy_path)
+    assert pol.spec["kind"] == "cnn" and pol.frame_stack == 4
+    with mmreplay.open_store(cfg.store) as s:
+        assert s.schema["obs"].shape == (84, 84) and s.schema["obs"].dtype == np.uint8  # single frames stored
+
+
+def test_offline_from_a_zarr_archive(tmp_path, datasets):
+    pytest.importorskip("zarr")
+    from mmreplay.archive import export_archive
+
+    path, behaviour = datasets["mediocre"]
+    export_archive(path, tmp_path / "mediocre.zarr")
+    res = train(TrainConfig(offline=True, archive=str(tmp_path / "mediocre.zarr"), algo="bc", steps=400,
+                            eval_env="CartPole-v1", eval_every=0, eval_episodes=10, run_dir=str(tmp_path / "arch"),
+                            tensorboard=False, checkpoint_every=0))
+    assert res.updates == 400 and res.final_return > behaviour, res.evals
+
+
+def test_target_update_interval_defaults_online_offline_and_atari():
+    from mmreplay.train.config import atari_config, target_update_interval_of, validate_config
+
+    assert target_update_interval_of(TrainConfig(env_id="x", store="x")) == 128  # RL-zoo CartPole
+    assert target_update_interval_of(TrainConfig(store="x", offline=True, algo="cql")) == 1000
+    assert target_update_interval_of(TrainConfig(store="x", offline=True, target_update_interval=64)) == 64
+    assert target_update_interval_of(atari_config(env_id="x", store="x")) == 1000
+    with pytest.raises(ValueError, match="target_update_interval"):
+        validate_config(TrainConfig(env_id="x", store="x", target_update_interval=0))
