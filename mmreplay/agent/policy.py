@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core.fs import atomic_write
 from ..core.errors import SchemaError
+from ..core.fs import atomic_write
 
 if TYPE_CHECKING:
     from ..core.schema import Schema

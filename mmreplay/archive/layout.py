@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.version import __version__
 from ..core.errors import ArchiveError, CorruptArchiveError
+from ..core.version import __version__
 
 if TYPE_CHECKING:
     from ..core.schema import Schema

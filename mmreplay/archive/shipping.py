@@ -53,10 +53,10 @@ import crc32c as _crc32c
 import numpy as np
 
 from ..core import failpoint as _failpoint
-from .layout import COL, committed_extent, open_group, read_meta, read_rows
-from ..storage.format import STATE_SEALED
-from ..core.fs import atomic_write
 from ..core.errors import ArchiveError, CorruptArchiveError
+from ..core.fs import atomic_write
+from ..storage.format import STATE_SEALED
+from .layout import COL, committed_extent, open_group, read_meta, read_rows
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

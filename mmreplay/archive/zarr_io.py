@@ -63,24 +63,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .layout import (
-    COL,
-    MARKER,
-    ArchiveError,
-    CorruptArchiveError,
-    committed_extent,
-    create_layout,
-    open_group,
-    read_meta,
-    read_rows,
-    read_table,
-    resize_layout,
-)
 from ..core.episodes import LaneCarry, segment_episodes
-from ..storage.format import STATE_SEALED
-from ..core.fs import atomic_write
 from ..core.errors import CorruptSegmentError
+from ..core.fs import atomic_write
 from ..core.schema import Schema
+from ..storage.format import STATE_SEALED
+from .layout import (COL, MARKER, ArchiveError, CorruptArchiveError, committed_extent, create_layout, open_group,
+                     read_meta, read_rows, read_table, resize_layout)
 
 if TYPE_CHECKING:
     from collections.abc import Callable

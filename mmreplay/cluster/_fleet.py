@@ -31,12 +31,12 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._ray_actor import actor_class, ensure_ray
 from ..archive.shipping import ingest_archives
+from ._ray_actor import actor_class, ensure_ray
 
 if TYPE_CHECKING:
-    from ._ray_actor import ActorSpec
     from ..storage.store import ReplayStore
+    from ._ray_actor import ActorSpec
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .local_ray import start_local_ray
 from ..actors.pool import Policy, PolicySpec
+from .local_ray import start_local_ray
 
 if TYPE_CHECKING:
     from ..core.schema import Schema

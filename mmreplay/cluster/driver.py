@@ -55,13 +55,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ._fleet import Fleet
-from .local_ray import start_local_ray
-from ._ray_actor import ActorSpec
-from ..archive.shipping import IngestReport, archive_urls, ingest_archives, read_ledger
 from ..actors.pool import CollectResult, Policy, PolicySpec
 from ..agent.envs import AutoresetName
+from ..archive.shipping import IngestReport, archive_urls, ingest_archives, read_ledger
 from ..core.errors import MMReplayError
+from ._fleet import Fleet
+from ._ray_actor import ActorSpec
+from .local_ray import start_local_ray
 
 if TYPE_CHECKING:
     from ..core.schema import Schema
@@ -209,9 +209,9 @@ def ray_collect(
     Returns a :class:`RayCollectResult`; actors that failed are in ``errors``. Ctrl-C stops the
     actors, which close their writers and export what they wrote (``interrupted=True``).
     """
-    from ..core.version import __version__
     from ..actors.pool import _env_spaces, _Progress, _split, open_or_create
     from ..core.schema import Schema
+    from ..core.version import __version__
 
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps}")

@@ -15,10 +15,10 @@ for a flattened Dict space). ``is_last`` is reserved: the writer derives it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 

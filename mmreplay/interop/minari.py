@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.episodes import LaneCarry, segment_episodes
 from ..archive.zarr_io import ArchiveError
+from ..core.episodes import LaneCarry, segment_episodes
 from ..core.errors import SchemaError
 from ..core.schema import Field, Schema
 

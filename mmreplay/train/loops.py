@@ -39,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..agent.evaluation import greedy_actions
+from ..agent.policy import FrameStack, QNetwork, network_spec, save_policy
 from ._run import (
     Batches,
     Run,
@@ -49,9 +51,7 @@ from ._run import (
     open_store_for_env,
     to_tensors,
 )
-from ..agent.policy import FrameStack, QNetwork, network_spec, save_policy
 from .checkpoint import restore_torch_rng
-from ..agent.evaluation import greedy_actions
 
 # the config lives in its own module (no torch there); re-exported for `from mmreplay.train import ...`
 from .config import (  # noqa: F401
