@@ -17,7 +17,9 @@ from ._errors import friendly
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(mmreplay.__version__, prog_name="mmreplay")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an error (also: MMREPLAY_DEBUG=1).")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """mmreplay: a memory-mapped, persistent, crash-safe replay store for RL.
 
     \b
@@ -25,7 +27,9 @@ def main() -> None:
       mmreplay info /data/cartpole
       mmreplay info /data/cartpole --json
       mmreplay verify /data/cartpole --repair
+      mmreplay --debug info /data/cartpole     # a traceback instead of the one-line error
     """
+    ctx.obj = {"debug": debug}
 
 
 def _human_bytes(n: float) -> str:
@@ -71,7 +75,8 @@ def info(path: str, as_json: bool) -> None:
     ratio = f"{t['store_to_ram']:.2f}x RAM" if t["store_to_ram"] is not None else "RAM unknown"
     click.echo(f"             RAM {_human_bytes(ram['total_bytes'])} ({_human_bytes(ram['available_bytes'])} available); "
                f"store is {ratio}: sample with mode={t['suggested_mode']!r}")
-    click.echo(f"writers      {', '.join(map(str, data['writers'])) or '-'}")
+    ids = data["writers"]
+    click.echo(f"writers      {len(ids)}" + (f" (ids {', '.join(map(str, ids))})" if ids else ""))
     click.echo("schema")
     width = max(len(f["name"]) for f in data["schema"])
     for f in data["schema"]:

@@ -43,7 +43,8 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql"]), help="dqn (double DQN); bc, cql offline. [dqn]")),
     (("--steps",), dict(type=_INT, help="Env steps online / learner updates offline. [100000]")),
     (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
-    (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED]")),
+    (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED; offline: "
+                                                                 "runs/EVAL_ENV__ALGO-offline__sSEED]")),
     (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint.")),
     (("--num-envs",), dict(type=_INT, help="Envs of the synchronous loop's vector env. [1]")),
     (("--atari",), dict(is_flag=True, default=None, help="Atari preprocessing, Nature CNN, Nature-DQN preset.")),
@@ -89,6 +90,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--target-return",), dict(type=_FLOAT, help="Stop once an evaluation reaches this mean return.")),
     (("--log-every",), dict(type=_INT, help="Steps between metric rows. [1000]")),
     (("--checkpoint-every",), dict(type=_INT, help="Steps between checkpoints, 0: at the end only. [10000]")),
+    (("--progress/--no-progress",), dict(help="Progress bar on stderr. [when stderr is a terminal]")),
     (("--tensorboard/--no-tensorboard",), dict(help="Also log to TensorBoard if installed. [yes]")),
     (("--device",), dict(type=str, help="auto, cpu, cuda, cuda:1... [auto]")),
     (("--amp",), dict(is_flag=True, default=None, help="bf16 autocast on CUDA.")),
@@ -148,6 +150,8 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     given = {k: v for k, v in opts.items() if v is not None}
+    if given.get("store") is not None and given.get("archive") is not None:
+        raise click.UsageError("--store and --archive are exclusive: train from one of them")
     if env_id is not None:
         given["env_id"] = env_id
     resume = given.pop("resume", False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -158,10 +159,9 @@ class Run:
         self.time_before = float(counters.get("time_s", 0.0))
         self.cpu_before = float(counters.get("cpu_s", 0.0))
         self.evals: list[tuple[int, float, float]] = [tuple(e) for e in counters.get("evals", [])]  # type: ignore[misc]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(asdict(self.cfg), indent=2) + "\n")
         step = self.step
-        self.log = RunLog(self.dir, resume_step=step if cfg.resume else None, tensorboard=cfg.tensorboard)
+        self.log: RunLog | None = None  # made by begin(), once every input is open
+        self.bar: Any = None
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
         self._last = (self.t0, self.env_steps, self.updates)
@@ -174,8 +174,28 @@ class Run:
         self.next_ckpt = next_multiple(step, cfg.checkpoint_every) if cfg.checkpoint_every else math.inf
         self.profiler: Any = None
 
+    def begin(self) -> None:
+        """Make the run directory, its ``config.json`` and metrics log. The loops call it once the
+        env, the store and the networks are made, so a run that fails on its inputs (a wrong env
+        id, a missing store) leaves no run directory behind."""
+        if self.log is not None:
+            return
+        cfg, step = self.cfg, self.step
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+        self.log = RunLog(self.dir, resume_step=step if cfg.resume else None, tensorboard=cfg.tensorboard)
+        if cfg.resume:
+            log.info("resuming %s from %s %d", self.dir, "update" if cfg.offline else "env step", step)
+        show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+        if show:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.steps, initial=step, unit="update" if cfg.offline else "step",
+                            unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+
     def start_clock(self) -> None:
         """Training time starts now (set-up, imports and compilation are not counted)."""
+        self.begin()
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
         self._last = (self.t0, self.env_steps, self.updates)
@@ -232,11 +252,23 @@ class Run:
             total = self.wait_s + self.busy_s
             data_wait = self.wait_s / total if total > 0 else None
             self.wait_s = self.busy_s = 0.0
+        steps_per_s = (self.env_steps - s) / dt if not self.cfg.offline else None
+        assert self.log is not None, "begin() makes the log"
         self.log.write(step=self.step, updates=self.updates, time_s=self.wall_s, episodes=self.episodes or None,
                        return_mean=float(np.mean(self.returns)) if self.returns else None, loss=loss, q_mean=q,
-                       epsilon=epsilon, steps_per_s=(self.env_steps - s) / dt if not self.cfg.offline else None,
-                       updates_per_s=(self.updates - u) / dt, data_wait=data_wait)
+                       epsilon=epsilon, steps_per_s=steps_per_s, updates_per_s=(self.updates - u) / dt,
+                       data_wait=data_wait)
         self.returns = []
+        if self.bar is not None:  # the bar moves with the metric rows (every log_every steps)
+            post = {"upd/s": f"{(self.updates - u) / dt:,.0f}"}
+            if steps_per_s is not None:
+                post["steps/s"] = f"{steps_per_s:,.0f}"
+            if self.evals:
+                post["eval"] = f"{self.evals[-1][1]:.1f}"
+            if data_wait is not None:
+                post["wait"] = f"{data_wait:.0%}"
+            self.bar.set_postfix(post, refresh=False)
+            self.bar.update(min(self.step, self.cfg.steps) - self.bar.n)
 
     def maybe_eval(self, learner: Learner, env_id: str | None, force: bool = False) -> bool:
         """Evaluate when due; True when ``target_return`` is reached."""
@@ -254,6 +286,7 @@ class Run:
         self._last = (self._last[0] + spent, *self._last[1:])
         mean, std = float(rets.mean()), float(rets.std())
         self.evals.append((self.step, mean, std))
+        assert self.log is not None, "begin() makes the log"
         self.log.write(step=self.step, updates=self.updates, time_s=self.wall_s, eval_return=mean, eval_std=std)
         log.info("step %d: eval return %.1f ± %.1f", self.step, mean, std)
         if self.best is None or mean >= self.best:
@@ -303,13 +336,18 @@ class Run:
                epsilon: float | None, eval_env: str | None, stopped: bool) -> TrainResult:
         if self.profiler is not None:
             self.profiler.__exit__(None, None, None)
-        if not stopped and (not self.evals or self.evals[-1][0] != self.step):
+        # one evaluation per evaluation point: the end of the run is one, unless an evaluation at or
+        # past the last step already happened (actors may step a little past it: 6002 for 6000)
+        if not stopped and (not self.evals or self.evals[-1][0] < min(self.step, self.cfg.steps)):
             self.maybe_eval(learner, eval_env, force=True)
         self.maybe_log(learner, epsilon, force=True)
         self.maybe_checkpoint(learner, sampler, rng, epsilon, force=True)
         policy = self.dir / "policy.pt"
         save_policy(policy, learner.q, epsilon=None, step=self.step, **self.meta())
+        assert self.log is not None, "begin() makes the log"
         self.log.close()
+        if self.bar is not None:
+            self.bar.close()
         wall, cpu = self.wall_s, self.cpu_s
         rows = _read_rates(self.dir)
         res = TrainResult(run_dir=str(self.dir), policy_path=str(policy), env_steps=self.env_steps,

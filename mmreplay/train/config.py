@@ -121,6 +121,9 @@ class TrainConfig:
     """Steps between metric rows."""
     checkpoint_every: int = 10_000
     """Steps between checkpoints (0: only at the end)."""
+    progress: bool | None = None
+    """A progress bar on stderr (steps, steps/s, updates/s, last eval, data wait); ``None``: when
+    stderr is a terminal."""
     tensorboard: bool = True
     """Also log to TensorBoard under ``run_dir/tb`` when the ``tensorboard`` package is installed."""
     device: str = "auto"
@@ -200,8 +203,9 @@ def validate_config(cfg: TrainConfig) -> None:
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
-    """``runs/<env or store name>__<algo>__s<seed>`` (stable, so ``--resume`` finds it)."""
-    name = (cfg.env_id or Path(cfg.store or str(cfg.archive).rstrip("/")).name).replace("/", "-")
+    """``runs/<env>__<algo>__s<seed>`` (stable, so ``--resume`` finds it); offline runs are named
+    after ``eval_env`` (``<algo>-offline``), or after the store or archive when there is none."""
+    name = (cfg.env_id or cfg.eval_env or Path(cfg.store or str(cfg.archive).rstrip("/")).name).replace("/", "-")
     return Path("runs") / f"{name}__{cfg.algo}{'-offline' if cfg.offline else ''}__s{cfg.seed}"
 
 
