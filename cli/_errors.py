@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -64,11 +65,10 @@ def _missing_extra(exc: BaseException) -> str | None:
     name = getattr(exc, "name", None)
     text = str(exc)
     for mod, line in _EXTRAS.items():
-        if name == mod or (name and name.startswith(mod + ".")) or mod in text:
+        if name == mod or (name and name.startswith(mod + ".")) or f"'{mod}'" in text or f" {mod} " in f" {text} ":
             return line
-    if "pip install" in text:
-        return "pip install " + text.split("pip install", 1)[1].strip().strip("`'\".")
-    return None
+    m = re.search(r"pip install ('[^']+'|\"[^\"]+\"|[\w.\[\]-]+)", text)
+    return f"pip install {m.group(1)}" if m else None
 
 
 def describe(exc: BaseException) -> tuple[str, str] | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ._errors import friendly
+from ._errors import describe, friendly, one_line
 
 _FLOAT = click.FLOAT
 _INT = click.INT
@@ -163,7 +163,9 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             cfg = atari_config(**given) if given.get("atari") else TrainConfig(**given)
         result = train(cfg)
     except (ValueError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
-        raise click.ClickException(str(exc)) from None
+        if describe(exc) is not None:
+            raise  # an mmreplay or file-system error: `friendly` gives it its CLI hint
+        raise click.ClickException(one_line(str(exc), None)) from None
     click.echo(f"run          {result.run_dir}")
     if not cfg.offline:
         click.echo(f"env steps    {result.env_steps:,}  ({result.steps_per_s:,.0f}/s)")

@@ -74,7 +74,7 @@ def make_env(
         try:  # MinAtar registers its envs only when asked
             from minatar.gym import register_envs
         except ImportError as exc:  # pragma: no cover - depends on the extra
-            raise ImportError("MinAtar environments need the minatar package: pip install minatar") from exc
+            raise ImportError("MinAtar environments need the minatar package: pip install 'mmreplay[minatar]'") from exc
         register_envs()
     return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
 

@@ -1,0 +1,115 @@
+"""Every user mistake ends in one clear stderr line, exit 1 (2 for usage), no traceback, and
+leaves nothing new behind. Each row runs the real CLI in a subprocess; a missing extra is
+simulated by blocking its import there (``sys.modules[name] = None``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mmreplay
+
+_RUN = ("import sys; [sys.modules.__setitem__(m, None) for m in sys.argv[1].split(',') if m]; "
+        "sys.argv = ['mmreplay', *sys.argv[2:]]; from mmreplay.cli.main import main; main()")
+
+
+def _cli(args: list[str], cwd: Path, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MMREPLAY_DEBUG"}
+    return subprocess.run([sys.executable, "-c", _RUN, ",".join(block), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("store") / "cp"
+    mmreplay.collect("CartPole-v1", path, 300, workers=0, seed=0, progress=False)
+    return path
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+# (name, argv with {store} / {file} placeholders, import to block, text the line must hold)
+ROWS = [
+    ("unknown env (collect)", ["collect", "CartPol-v1", "--store", "new", "--steps", "100"], (),
+     "Did you mean: `CartPole`"),
+    ("unknown env (train)", ["train", "CartPol-v1", "--store", "new", "--steps", "100", "--run-dir", "run"], (),
+     "Did you mean: `CartPole`"),
+    ("unknown eval env (train --offline)", ["train", "--offline", "--store", "{store}", "--eval-env", "CartPol-v1",
+                                            "--steps", "10", "--run-dir", "run"], (), "Did you mean: `CartPole`"),
+    ("Atari without its extra", ["collect", "ALE/Pong-v5", "--store", "new", "--steps", "10"], ("ale_py",),
+     "pip install 'mmreplay[atari]'"),
+    ("MinAtar without its extra", ["collect", "MinAtar/Breakout-v1", "--store", "new", "--steps", "10"],
+     ("minatar", "minatar.gym"), "pip install 'mmreplay[minatar]'"),
+    ("export onto a regular file", ["export", "{store}", "--to", "zarr", "{file}"], (), "{file}"),
+    ("export to s3 without s3fs", ["export", "{store}", "--to", "zarr", "s3://bucket/cp.zarr"], ("s3fs",),
+     "pip install s3fs"),
+    ("info of a missing store", ["info", "no/such/store"], (), "`mmreplay collect ENV_ID --store PATH`"),
+    ("train from a missing store", ["train", "--offline", "--store", "no/such/store", "--eval-env", "CartPole-v1",
+                                    "--steps", "10", "--run-dir", "run"], (), "no/such/store"),
+    ("train from a missing archive", ["train", "--offline", "--archive", "no/such.zarr", "--eval-env", "CartPole-v1",
+                                      "--steps", "10", "--run-dir", "run"], (), "no/such.zarr"),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "block", "says"), ROWS, ids=[r[0] for r in ROWS])
+def test_user_error_is_one_line_and_leaves_nothing(tmp_path, cartpole, name, argv, block, says):
+    (tmp_path / "a-file").write_text("not a directory")
+    fill = {"{store}": str(cartpole), "{file}": str(tmp_path / "a-file")}
+    args = [fill.get(a, a) for a in argv]
+    before, store_before = _tree(tmp_path), _tree(cartpole)
+    line = _one_line_error(_cli(args, tmp_path, block))
+    assert line.startswith("Error: ") and fill.get(says, says) in line, line
+    assert "(hint: " in line and "mmreplay.create_store" not in line, line  # hints name commands, not calls
+    assert _tree(tmp_path) == before, f"{name} left {_tree(tmp_path) - before}"
+    assert _tree(cartpole) == store_before
+
+
+def test_store_and_archive_together_is_a_usage_error(tmp_path, cartpole):
+    r = _cli(["train", "--offline", "--store", cartpole, "--archive", "x.zarr", "--steps", "10"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--store and --archive are exclusive" in r.stderr
+    assert _tree(tmp_path) == set()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = _cli(["--debug", "info", "no/such/store"], tmp_path)
+    assert r.returncode == 1 and "Traceback" in r.stderr and "StoreNotFoundError" in r.stderr
+
+
+def _mount_tmpfs(mnt: Path) -> bool:
+    mnt.mkdir()
+    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                                                capture_output=True).returncode == 0
+
+
+def test_read_only_filesystem_targets_are_one_line(tmp_path, cartpole):
+    mnt = tmp_path / "ro"
+    if not _mount_tmpfs(mnt):
+        pytest.skip("needs root and mount")
+    try:
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)]).returncode == 0
+        cases = [
+            ["export", cartpole, "--to", "zarr", mnt / "cp.zarr"],
+            ["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "10",
+             "--eval-episodes", "0", "--run-dir", mnt / "run"],
+        ]
+        for args in cases:
+            line = _one_line_error(_cli(args, tmp_path))
+            assert "Read-only file system" in line and "writable" in line, line
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)])
