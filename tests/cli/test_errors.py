@@ -102,7 +102,12 @@ def test_read_only_filesystem_targets_are_one_line(tmp_path, cartpole):
         pytest.skip("needs root and mount")
     try:
         assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)]).returncode == 0
+        run = tmp_path / "run"
+        r = _cli(["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "20",
+                  "--eval-episodes", "0", "--run-dir", run, "-q"], tmp_path)
+        assert r.returncode == 0, r.stderr
         cases = [
+            ["plot", run, "--out", mnt / "curve.png"],
             ["export", cartpole, "--to", "zarr", mnt / "cp.zarr"],
             ["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "10",
              "--eval-episodes", "0", "--run-dir", mnt / "run"],
