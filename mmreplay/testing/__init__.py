@@ -29,10 +29,10 @@ fill in the one hook that makes the object under test; pytest then runs every in
   empty store raises ``EmptyStoreError`` when sampled.
 * ``SamplerContract``, hook ``make_sampler(store, seed, **views)``, attributes ``kind`` and
   ``mode``: same seed, same batches (another seed, others); every id starts a transition and
-  reads the store's rows, at any batch size; the empty-store error; a chi-square test of the draw distribution (uniform, or ``p^alpha`` after
-  setting known priorities; a windowed sampler must hold the whole store); prioritized
-  importance weights; n-step returns (n = 3), frame
-  stacks (k = 4, clamped at the episode start) and both, against the reference.
+  reads the store's rows, at any batch size; the empty-store error; a chi-square test of the
+  draw distribution (uniform, or ``p^alpha`` after setting known priorities; a windowed
+  sampler must hold the whole store); prioritized importance weights; n-step returns
+  (n = 3), frame stacks (k = 4, clamped at the episode start) and both, against the reference.
 * ``SequenceSamplerContract``, hook ``make_sampler(store, seed)``: the same draw tests, and
   windows equal to the reference inside their starting episode.
 
