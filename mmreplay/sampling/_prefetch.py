@@ -23,18 +23,16 @@ from __future__ import annotations
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.fs import MADV_WILLNEED
 from ..core.errors import EmptyStoreError
+from ._gather import TransitionPlan, TransitionView, WindowPlan, gather_transitions, gather_windowed, kernels
 
 if TYPE_CHECKING:
-    from .uniform import TransitionSampler
     from ..storage.store import ReplayStore
-
-_MAX_ROUNDS = 64
 
 
 class PageFetcher:
@@ -56,9 +54,7 @@ class PageFetcher:
         self.rows = 0
 
     def fetch(self, table: np.ndarray, ks: np.ndarray, slots: np.ndarray) -> int:
-        from .uniform import _kernels
-
-        advise_windows = _kernels().advise_windows
+        advise_windows = kernels().advise_windows
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
         reader = self.store.reader
@@ -82,34 +78,41 @@ class PageFetcher:
 
 
 class DrawAhead:
-    """The drawn-ahead row stream of one uniform sampler in exact mode (module docstring)."""
+    """The drawn-ahead row stream of one uniform sampler in exact mode (module docstring).
 
-    def __init__(self, sampler: TransitionSampler, batches: int, fetcher: PageFetcher) -> None:
-        self.sampler = sampler
+    ``state`` is the sampler's kernel generator state (shared, advanced in place), ``view``
+    what its transitions span. ``gather`` is a ``_gather.Source`` for the shared gather loop:
+    ``take`` offers the next rows of the stream still visible, ``consumed`` drops the used ones
+    (rejected ones included) from it."""
+
+    def __init__(self, store: ReplayStore, state: np.ndarray, view: TransitionView, batches: int,
+                 fetcher: PageFetcher) -> None:
+        self.store = store
+        self.state = state
+        self.view = view
         self.batches = batches
         self.fetcher = fetcher
         self._ids = np.zeros(0, np.int64)  # drawn, not used yet, in draw order
         self._end = 0  # rows drawn so far: the stream position of ``_ids[-1] + 1``
         self._tickets: list[tuple[int, int]] = []  # (stream position covered, fetch ticket)
+        self._margin = 8  # extra rows offered per round (set per batch)
+        self._offered = (0, np.zeros(0, np.int64))  # last ``take``: (rows taken, positions offered)
 
     def _draw(self, want: int) -> None:
         """Draw uniform rows until ``want`` are waiting, and queue their pages' prefetch."""
-        from .uniform import _kernels
-
         n = want - len(self._ids)
         if n <= 0:
             return
-        s = self.sampler
-        reader = s.store.reader
+        reader = self.store.reader
         seg = reader.segment_table()
-        ks, slots = _kernels().draw_rows(s._state, n, seg)
-        ids = reader.snapshot.segment_ids[ks] * s.store.segment_records + slots
+        ks, slots = kernels().draw_rows(self.state, n, seg)
+        ids = reader.snapshot.segment_ids[ks] * self.store.segment_records + slots
         ticket = self.fetcher.fetch(seg, ks, slots)
         self._ids = np.concatenate([self._ids, ids])
         self._end += n
         self._tickets.append((self._end, ticket))
 
-    def _take(self, n: int) -> np.ndarray:
+    def _next(self, n: int) -> np.ndarray:
         """The next ``n`` drawn rows (drawing more if needed), once their hints are issued."""
         self._draw(n)
         upto = self._end - len(self._ids) + n  # stream position after these rows
@@ -123,58 +126,39 @@ class DrawAhead:
         self._tickets = [(e, t) for e, t in self._tickets if e > upto]
         return self._ids[:n]
 
-    def gather(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]], Any]:
-        """The next rows of the stream that start a transition, gathered into the sampler's
-        plan; then the next ``batches`` batches are drawn and their pages fetched. Returns what
-        ``TransitionSampler._assemble`` takes: ``(out, ids, where, window)``."""
-        from .uniform import _kernels
-        from ..storage.view import locate_transitions
+    def take(self, remaining: int) -> tuple[np.ndarray, np.ndarray]:
+        """``Source.take``: the next ``remaining`` (plus a margin) rows of the stream, those
+        still visible, as snapshot locations."""
+        n = remaining + self._margin
+        ok, k, slot = relocate(self.store, self._next(n))
+        pos = np.flatnonzero(ok)
+        self._offered = (n, pos)
+        return k[pos], slot[pos]
 
-        s = self.sampler
-        k_ = _kernels()
-        store = s.store
-        reader = store.reader
-        margin = 8 + batch_size // 16
-        ids = np.empty(batch_size, np.int64)
-        picked_k: list[np.ndarray] = []
-        picked_s: list[np.ndarray] = []
+    def consumed(self, used: int) -> None:
+        """``Source.consumed``: drop the rows up to the ``used``-th offered one (all taken rows
+        if every offered one was used)."""
+        n, pos = self._offered
+        self._ids = self._ids[n if used >= len(pos) else int(pos[used]) :]  # consumed, rejects included
+
+    def gather(self, batch_size: int, plan: TransitionPlan | WindowPlan, out: np.ndarray,
+               ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """The next rows of the stream that start a transition, gathered into ``out`` following
+        ``plan``; then the next ``batches`` batches are drawn and their pages fetched. Returns
+        ``(ids, window)`` (``window``: the computed n-step values, or ``None`` for one-step
+        transitions), what ``_gather.assemble`` takes with the plan and ``out``."""
+        store = self.store
+        self._margin = margin = 8 + batch_size // 16
+        seg = store.reader.segment_table()
         window = None
-        if s.windowed:
-            once, stacked, where, nbytes = s._wplan(batch_size)
-            flags, rew = s._window_consts()
-            window = tuple(np.empty(batch_size, dt) for dt in (np.float32, np.float32, np.bool_, np.bool_))
+        if isinstance(plan, WindowPlan):
+            filled, ids, window = gather_windowed(store, self.view, plan, out, self, batch_size, seg)
         else:
-            table, where, big, nbytes = s._plan(batch_size)
-        out = s._buffer(nbytes)
-        seg = reader.segment_table()
-        filled = 0
-        for _ in range(_MAX_ROUNDS):
-            n = batch_size - filled + margin
-            ok, k, slot = relocate(store, self._take(n))
-            pos = np.flatnonzero(ok)
-            if window is not None:
-                filled, used, _ = k_.gather_windows(seg, reader.bytes, store.layout.record_bytes, flags, rew,
-                                                    s.n_step, s.gamma, s.frame_stack, k[pos], slot[pos], filled,
-                                                    once, stacked, out, ids, reader.snapshot.segment_ids,
-                                                    store.segment_records, *window)
-            else:
-                valid, _, _ = locate_transitions(store, k[pos], slot[pos])
-                good = np.flatnonzero(valid)[: batch_size - filled]
-                picked_k.append(k[pos][good])
-                picked_s.append(slot[pos][good])
-                filled += len(good)
-                used = int(good[-1]) + 1 if filled == batch_size else len(pos)
-            self._ids = self._ids[n if used >= len(pos) else int(pos[used]) :]  # consumed, rejects included
-            if filled == batch_size:
-                break
+            filled, ids = gather_transitions(store, plan, out, self, batch_size, seg)
         if filled < batch_size:
-            raise EmptyStoreError(f"{store.path} has too few sampleable transitions (n_step={s.n_step})")
-        if window is None:
-            ks, slots = np.concatenate(picked_k), np.concatenate(picked_s)
-            ids[:] = reader.snapshot.segment_ids[ks] * store.segment_records + slots
-            k_.gather_at(seg, reader.bytes, store.layout.record_bytes, ks, slots, table, out, big)
+            raise EmptyStoreError(f"{store.path} has too few sampleable transitions (n_step={self.view.n_step})")
         self._draw(self.batches * (batch_size + margin))
-        return out, ids, where, window
+        return ids, window
 
 
 class RssGuard:

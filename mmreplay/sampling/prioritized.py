@@ -41,7 +41,8 @@ import numpy as np
 
 from ..core.fs import atomic_write
 from ..core.errors import EmptyStoreError
-from .uniform import Mode, TransitionSampler, _kernels, _once
+from ._gather import Once, assemble, kernels
+from .uniform import Mode, TransitionSampler
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,7 +78,7 @@ class PrioritizedSampler(TransitionSampler):
         super().__init__(store, seed=seed, refresh_interval_s=refresh_interval_s, n_step=n_step, gamma=gamma,
                          frame_stack=frame_stack, mode=mode, cache_bytes=cache_bytes,
                          prefetch_batches=prefetch_batches, swap_segments_per_s=swap_segments_per_s)
-        self._k = _kernels()
+        self._k = kernels()
         SumTree = self._k.SumTree
         self.alpha, self.beta0, self.beta_final, self.beta_steps, self.eps = alpha, beta, beta_final, beta_steps, eps
         self.name = name
@@ -243,17 +244,18 @@ class PrioritizedSampler(TransitionSampler):
             k, slot, ids, weights = self._draw(batch_size)
         if self.windowed:
             self.steps += 1
-            b = self._gather_windowed(batch_size, _once(k, slot), weights)
+            b = self._gather_windowed(batch_size, Once(k, slot), weights)
             if len(b.ids) != batch_size:  # pragma: no cover - the tree holds only complete windows
                 raise RuntimeError("prioritized draw hit an incomplete window")
             self._after_batch()
             return b
-        table, where, big, nbytes = self._plan(batch_size)
-        out = self._buffer(nbytes)
-        self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, table, out, big)
+        plan = self._plan(batch_size)
+        out = self._buffer(plan.nbytes)
+        self._k.gather_at(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, k, slot, plan.table,
+                          out, plan.big)
         self.steps += 1
         self._after_batch()
-        return self._assemble(out, ids, where, weights)
+        return assemble(plan, out, ids, weights)
 
     def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Stratified draws from the tree: snapshot locations, ids and importance weights."""

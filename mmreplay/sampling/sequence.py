@@ -17,16 +17,16 @@ One compiled call draws, checks and gathers a batch (``_kernels.draw_rows`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.errors import EmptyStoreError
+from ._gather import MAX_ROUNDS, Once, kernel_state, kernels
 
 if TYPE_CHECKING:
     from ..storage.store import ReplayStore
-
-_MAX_ROUNDS = 64
+    from ._gather import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +55,11 @@ class SequenceSampler:
                  seed: int | None = None, refresh_interval_s: float | None = 1.0) -> None:
         if length < 1 or burn_in < 0 or stride < 1:
             raise ValueError("`length` and `stride` must be >= 1 and `burn_in` >= 0")
-        from .uniform import UniformSampler
-
-        self._u = UniformSampler(store, seed=seed, refresh_interval_s=refresh_interval_s)  # refresh + rng
+        store.schema.require_transition_fields()  # as before: windows hold whole steps
         self.store = store
+        self.refresh_interval_s = refresh_interval_s
+        self.rng = np.random.default_rng(seed)
+        self._state = kernel_state(self.rng)  # the compiled kernels' generator, seeded from ``rng``
         self.length, self.burn_in, self.stride = int(length), int(burn_in), int(stride)
         self.total = self.length + self.burn_in
         lay = store.layout
@@ -71,10 +72,8 @@ class SequenceSampler:
         self._row_bytes = off
         self._is_last_off = lay.column("is_last").offset - lay.records_offset
 
-    def _gather(self, batch_size: int, candidates: Any) -> SequenceBatch:
-        from .uniform import _kernels
-
-        gather_sequences = _kernels().gather_sequences
+    def _gather(self, batch_size: int, candidates: Source) -> SequenceBatch:
+        gather_sequences = kernels().gather_sequences
         reader = self.store.reader
         fields = self._fields1.copy()
         fields[:, 2] *= batch_size  # block f starts after the previous fields' B*T rows
@@ -83,11 +82,12 @@ class SequenceSampler:
         mask = np.empty((batch_size, self.total), np.bool_)
         ids = np.empty(batch_size, np.int64)
         filled = 0
-        for _ in range(_MAX_ROUNDS):
+        for _ in range(MAX_ROUNDS):
             need = batch_size - filled  # only 1 in `stride` rows can start a window: draw that many more
-            ks, slots = candidates((need + 8 + need // 2) * self.stride)
-            if len(ks) == 0:
+            got = candidates.take((need + 8 + need // 2) * self.stride)
+            if got is None or len(got[0]) == 0:
                 break
+            ks, slots = got
             filled, _ = gather_sequences(reader.segment_table(), reader.bytes, self.store.layout.record_bytes,
                                          self._is_last_off, self.total, self.stride, ks, slots, filled, fields, out,
                                          is_last, mask, ids, self.store.segment_records)
@@ -103,26 +103,34 @@ class SequenceSampler:
     def windows(self, ids: np.ndarray) -> SequenceBatch | None:
         """The windows starting at given rows, or ``None`` if one of them starts no complete
         window (for tests and tools)."""
-        from .uniform import _once
-
         ids = np.asarray(ids, np.int64)
         k, slot = self.store.reader.locate(ids)
         try:
-            b = self._gather(len(ids), _once(k, slot))
+            b = self._gather(len(ids), Once(k, slot))
         except EmptyStoreError:
             return None
         return b if np.array_equal(b.ids, ids) else None
 
     def sample(self, batch_size: int) -> SequenceBatch:
         """``batch_size`` windows drawn uniformly over valid starts, with replacement."""
-        from .uniform import _kernels
-
-        draw_rows = _kernels().draw_rows
-
         if batch_size < 1:
             raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
-        self._u._maybe_refresh()
+        if self.refresh_interval_s is not None:
+            self.store.refresh_if_stale(self.refresh_interval_s)
         if self.store.reader.snapshot.total_rows == 0:
             raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
-        seg = self.store.reader.segment_table()
-        return self._gather(batch_size, lambda n: draw_rows(self._u._state, n, seg))
+        return self._gather(batch_size, _Drawn(self._state, self.store.reader.segment_table()))
+
+
+class _Drawn:
+    """Uniform rows drawn by the kernel from ``state`` over segment table ``seg`` (a
+    ``_gather.Source`` that never runs out)."""
+
+    def __init__(self, state: np.ndarray, seg: np.ndarray) -> None:
+        self.state, self.seg = state, seg
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return kernels().draw_rows(self.state, n, self.seg)
+
+    def consumed(self, used: int) -> None:
+        pass

@@ -29,36 +29,27 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..core.errors import EmptyStoreError, SchemaError
-from ..storage.view import TransitionBatch
+from ._gather import (
+    Once,
+    TransitionPlan,
+    TransitionView,
+    WindowPlan,
+    assemble,
+    gather_transitions,
+    gather_windowed,
+    kernel_state,
+    transition_plan,
+    window_consts,
+    window_plan,
+)
+from ._gather import kernels as _kernels  # noqa: F401  (the samplers' name for it)
 
 if TYPE_CHECKING:
     from ..storage.store import ReplayStore
+    from ..storage.view import TransitionBatch
 
-_MAX_ROUNDS = 64
-_KERNELS: Any = None
 _WINDOWED_MAPPED_BYTES = 64 << 20  # file pages a windowed sampler may keep mapped beyond its budget
 Mode = Literal["exact", "windowed"]
-
-
-def _kernels() -> Any:
-    """The compiled kernels, imported once on first use (numba is not loaded by ``import
-    mmreplay``; a function-level import on every batch costs about a microsecond)."""
-    global _KERNELS
-    if _KERNELS is None:
-        from types import SimpleNamespace
-
-        from . import _iokernels as io
-        from . import _kernels as k
-        from . import _sumtree as t
-        from . import _windows as w
-
-        _KERNELS = SimpleNamespace(
-            sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
-            draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
-            gather_sequences=w.gather_sequences, sample_rows=t.sample_rows, update_rows=t.update_rows,
-            SumTree=t.SumTree, advise_windows=io.advise_windows, pread_at=io.pread_at,
-        )
-    return _KERNELS
 
 
 class TransitionSampler:
@@ -86,17 +77,16 @@ class TransitionSampler:
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"`gamma` must lie in [0, 1], got {gamma!r}")
         self.n_step, self.gamma, self.frame_stack = int(n_step), float(gamma), int(frame_stack)
-        self.windowed = self.n_step > 1 or self.frame_stack > 1
+        self._span = TransitionView(self.n_step, self.gamma, self.frame_stack)
+        self.windowed = self._span.windowed
         if self.windowed and store.schema["reward"].dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise SchemaError(f"n-step returns need a float32 or float64 `reward`, got {store.schema['reward'].dtype}")
         self.store = store
         self.rng = np.random.default_rng(seed)
         self.refresh_interval_s = refresh_interval_s
         self._plans: dict[Any, Any] = {}
-        self._single_obs = store.schema.obs_names == ("obs",)
         self._out: np.ndarray | None = None  # set by fill(): gather into the caller's buffer
-        # the compiled kernel's own generator state, seeded from ``rng`` (xoshiro256**)
-        self._state = self.rng.integers(1, 2**63, size=4, dtype=np.int64).view(np.uint64)
+        self._state = kernel_state(self.rng)  # the compiled kernels' generator, seeded from ``rng``
         self._setup_tiers(mode, cache_bytes, int(prefetch_batches), swap_segments_per_s)
 
     # -- storage tiers (tiers.py) ---------------------------------------------------------------
@@ -121,7 +111,7 @@ class TransitionSampler:
         else:
             if prefetch_batches:
                 self._fetcher = PageFetcher(self.store, self.frame_stack - 1, self.n_step)
-                self._ahead = DrawAhead(self, prefetch_batches, self._fetcher)
+                self._ahead = DrawAhead(self.store, self._state, self._span, prefetch_batches, self._fetcher)
             if cache_bytes is not None:
                 self._guard = RssGuard(self.store, cache_bytes)
         parts = [p for p in (self._resident, self._fetcher, self._guard) if p is not None]
@@ -190,7 +180,7 @@ class TransitionSampler:
     def batch_nbytes(self, batch_size: int) -> int:
         """Bytes of the gathered block behind a batch of ``batch_size`` (for preallocated, e.g.
         pinned, buffers: see ``fill``)."""
-        return int((self._wplan(batch_size) if self.windowed else self._plan(batch_size))[-1])
+        return self._plan_for(batch_size).nbytes
 
     def fill(self, out: np.ndarray, batch_size: int) -> TransitionBatch:
         """``sample`` gathering straight into ``out`` (a uint8 buffer of at least
@@ -215,115 +205,43 @@ class TransitionSampler:
         if self.refresh_interval_s is not None:
             self.store.refresh_if_stale(self.refresh_interval_s)
 
-    def _plan(self, batch_size: int) -> tuple[np.ndarray, list[tuple[Any, ...]], bool, int]:
-        """Field table for the kernel and where each field lands in the output buffer."""
+    def _plan(self, batch_size: int) -> TransitionPlan:
+        """The one-step gather plan for ``batch_size`` (cached)."""
         plan = self._plans.get(batch_size)
         if plan is None:
-            lay = self.store.layout
-            schema = self.store.schema
-            items = [(f.name, False) for f in schema.fields] + [(n, True) for n in schema.obs_names]
-            rows, where, off = [], [], 0
-            for name, is_next in items:
-                c = lay.column(name)
-                n = schema[name].row_bytes
-                rows.append((c.offset - lay.records_offset, n, off, int(is_next)))
-                where.append((name, is_next, off, schema[name].dtype, (batch_size, *schema[name].shape)))
-                off += -(-n * batch_size // 8) * 8  # 8-aligned blocks: the kernel copies words
-            table = np.array(rows, np.int64).reshape(-1, 4)
-            plan = (table, where, bool((table[:, 1] >= 128).any()), off)  # big: frame-sized fields
-            self._plans[batch_size] = plan
+            plan = self._plans[batch_size] = transition_plan(self.store, batch_size)
         return plan
 
     # -- windowed views (n-step returns, frame stacks) ----------------------------------------
-    def _wplan(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]], int]:
-        """Kernel tables for fields copied once and observation fields stacked ``frame_stack``
-        times, and where each lands in the output buffer.
-
-        With one-step transitions the next stack is the current one shifted by a frame (within
-        an episode, clamping included), so each observation field is gathered once as
-        ``(B, frame_stack + 1, ...)`` and ``obs``/``next_obs`` are overlapping views of it: 5
-        frames copied per transition instead of 8 for Atari stacks of 4.
-        """
-        from ._windows import ROW_NEXT, ROW_SHARED, ROW_START
-
+    def _wplan(self, batch_size: int) -> WindowPlan:
+        """The windowed gather plan for ``batch_size`` (cached; see ``_gather.window_plan``)."""
         key = -batch_size
         plan = self._plans.get(key)
         if plan is None:
-            lay = self.store.layout
-            schema = self.store.schema
-            obs = set(schema.obs_names)
-            fs = self.frame_stack
-            shared = fs > 1 and self.n_step == 1
-            once, stacked, where, off = [], [], [], 0
-            items = [(f.name, False) for f in schema.fields if f.name not in ("reward", "terminated", "truncated")]
-            items += [(n, True) for n in schema.obs_names]
-            for name, is_next in items:
-                f = schema[name]
-                rec_off = lay.column(name).offset - lay.records_offset
-                if name in obs and fs > 1:
-                    if shared and is_next:
-                        continue  # a view of the shared block
-                    role = ROW_SHARED if shared else (ROW_NEXT if is_next else ROW_START)
-                    frames = fs + 1 if shared else fs
-                    stacked.append((rec_off, f.row_bytes, off, role))
-                    where.append((name, "shared" if shared else is_next, off, f.dtype, (batch_size, frames, *f.shape)))
-                    off += -(-f.row_bytes * frames * batch_size // 8) * 8
-                else:
-                    once.append((rec_off, f.row_bytes, off, ROW_NEXT if is_next else ROW_START))
-                    where.append((name, is_next, off, f.dtype, (batch_size, *f.shape)))
-                    off += -(-f.row_bytes * batch_size // 8) * 8
-            plan = (np.array(once, np.int64).reshape(-1, 4), np.array(stacked, np.int64).reshape(-1, 4), where, off)
-            self._plans[key] = plan
+            plan = self._plans[key] = window_plan(self.store, self._span, batch_size)
         return plan
+
+    def _plan_for(self, batch_size: int) -> TransitionPlan | WindowPlan:
+        return self._wplan(batch_size) if self.windowed else self._plan(batch_size)
 
     def _window_consts(self) -> tuple[np.ndarray, np.ndarray]:
         consts = self._plans.get("consts")
         if consts is None:
-            lay = self.store.layout
-            r = lay.records_offset
-            flags = np.array([lay.column(n).offset - r for n in ("is_last", "terminated", "truncated")], np.int64)
-            rew = np.array([lay.column("reward").offset - r, self.store.schema["reward"].dtype.itemsize], np.int64)
-            consts = self._plans["consts"] = (flags, rew)
+            consts = self._plans["consts"] = window_consts(self.store)
         return consts
 
-    def _gather_windowed(self, batch_size: int, candidates: Any, weights: np.ndarray | None = None,
+    def _gather_windowed(self, batch_size: int, source: Any, weights: np.ndarray | None = None,
                          table: np.ndarray | None = None) -> TransitionBatch:
-        """Fill a batch from ``candidates(n) -> (ks, slots)``, skipping starts whose window is
-        incomplete; the views' values come back in ``reward``, ``discount`` and the flags."""
-        k = _kernels()
-        draw_and_gather, gather_windows = k.draw_and_gather, k.gather_windows
-        reader = self.store.reader
-        once, stacked, where, nbytes = self._wplan(batch_size)
-        flags, rew = self._window_consts()
-        out = self._buffer(nbytes)
-        ids = np.empty(batch_size, np.int64)
-        ret = np.empty(batch_size, np.float32)
-        disc = np.empty(batch_size, np.float32)
-        term = np.empty(batch_size, np.bool_)
-        trunc = np.empty(batch_size, np.bool_)
-        filled = 0
-        seg = reader.segment_table() if table is None else table
-        rec_bytes = self.store.layout.record_bytes
-        for _ in range(_MAX_ROUNDS):
-            want = batch_size - filled + 4 + (batch_size - filled) // 16  # few starts are rejected
-            if isinstance(candidates, np.ndarray):  # a generator state: the kernel draws rows itself
-                filled, _, _ = draw_and_gather(candidates, want, seg, reader.bytes, rec_bytes, flags, rew, self.n_step,
-                                               self.gamma, self.frame_stack, filled, once, stacked, out, ids,
-                                               reader.snapshot.segment_ids, self.store.segment_records,
-                                               ret, disc, term, trunc)
-            else:
-                ks, slots = candidates(want)
-                if len(ks) == 0:
-                    break
-                filled, _, _ = gather_windows(seg, reader.bytes, rec_bytes, flags, rew,
-                                              self.n_step, self.gamma, self.frame_stack, ks, slots, filled, once,
-                                              stacked, out, ids, reader.snapshot.segment_ids,
-                                              self.store.segment_records, ret, disc, term, trunc)
-            if filled == batch_size:
-                break
+        """Fill a batch from ``source`` (a generator state or a ``_gather.Source``), skipping
+        starts whose window is incomplete; the views' values come back in ``reward``,
+        ``discount`` and the flags."""
+        plan = self._wplan(batch_size)
+        out = self._buffer(plan.nbytes)
+        seg = self.store.reader.segment_table() if table is None else table
+        filled, ids, window = gather_windowed(self.store, self._span, plan, out, source, batch_size, seg)
         if filled < batch_size:
             raise EmptyStoreError(f"{self.store.path} has too few complete {self.n_step}-step windows to sample from")
-        return self._assemble(out, ids, where, weights, (ret, disc, term, trunc))
+        return assemble(plan, out, ids, weights, window)
 
     def valid_ids(self) -> np.ndarray:
         """Ids of every row that starts a complete transition under this sampler's view
@@ -347,32 +265,9 @@ class TransitionSampler:
         ids = np.asarray(ids, np.int64)
         k, slot = self.store.reader.locate(ids)
         try:
-            return self._gather_windowed(len(ids), _once(k, slot))
+            return self._gather_windowed(len(ids), Once(k, slot))
         except EmptyStoreError:  # a start was skipped: it does not begin a complete window
             raise KeyError("some ids do not start a complete window (episode end or lookahead not written)") from None
-
-    def _assemble(self, out: np.ndarray, ids: np.ndarray, where: list[tuple[Any, ...]],
-                  weights: np.ndarray | None = None, window: tuple[np.ndarray, ...] | None = None) -> TransitionBatch:
-        """Views of the gathered blocks as a batch (no copy)."""
-        cur: dict[str, np.ndarray] = {}
-        nxt: dict[str, np.ndarray] = {}
-        for name, is_next, off, dtype, shape in where:
-            arr = np.ndarray(shape, dtype, buffer=out, offset=off)
-            if is_next == "shared":  # (B, k+1, ...) frames: obs and next_obs overlap by k-1
-                cur[name], nxt[name] = arr[:, :-1], arr[:, 1:]
-            else:
-                (nxt if is_next else cur)[name] = arr
-        if self._single_obs:
-            obs, next_obs = cur.pop("obs"), nxt["obs"]
-        else:
-            obs_names = self.store.schema.obs_names
-            obs = {n.removeprefix("obs/"): cur.pop(n) for n in obs_names}
-            next_obs = {n.removeprefix("obs/"): nxt[n] for n in obs_names}
-        if window is not None:  # n-step return, discount and the window's own end flags
-            ret, disc, term, trunc = window
-            return TransitionBatch(obs, cur.pop("action"), ret, next_obs, term, trunc, ids, cur, weights, disc)
-        return TransitionBatch(obs, cur.pop("action"), cur.pop("reward"), next_obs, cur.pop("terminated"),
-                               cur.pop("truncated"), ids, cur, weights)
 
 
 class UniformSampler(TransitionSampler):
@@ -421,26 +316,16 @@ class UniformSampler(TransitionSampler):
     set's RAM before the store is closed; ``tier_stats()`` reports what the tiers hold.
     """
 
-    def _sample_raw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
-        sample_transitions = _kernels().sample_transitions
+    def _sample_raw(self, batch_size: int) -> tuple[TransitionPlan, np.ndarray, np.ndarray]:
         self._prepare()
-        reader = self.store.reader
-        total = reader.snapshot.total_rows
+        total = self.store.reader.snapshot.total_rows
         if total == 0:
             raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
-        table, where, big, nbytes = self._plan(batch_size)
-        seg = self._draw_table()
-        out = self._buffer(nbytes)
-        ids = np.empty(batch_size, np.int64)
-        lay = self.store.layout
-        is_last_off = lay.column("is_last").offset - lay.records_offset
-        filled = 0
-        for _ in range(_MAX_ROUNDS):
-            nrand = batch_size - filled + 8 + (batch_size - filled) // 4
-            filled, _used, _ = sample_transitions(self._state, nrand, filled, seg, reader.bytes, lay.record_bytes, is_last_off,
-                                                  self.store.segment_records, table, out, ids, big)
-            if filled == batch_size:
-                return out, ids, where
+        plan = self._plan(batch_size)
+        out = self._buffer(plan.nbytes)
+        filled, ids = gather_transitions(self.store, plan, out, self._state, batch_size, self._draw_table())
+        if filled == batch_size:
+            return plan, out, ids
         if len(self.store.transition_ids()) == 0:
             raise EmptyStoreError(
                 f"{self.store.path} has {total} rows but no sampleable transition yet "
@@ -452,7 +337,7 @@ class UniformSampler(TransitionSampler):
         """Global row ids of ``batch_size`` transition starts, drawn with replacement."""
         if self._fetcher is not None:
             return self.sample(batch_size).ids
-        ids = self._sample_raw(batch_size)[1]
+        ids = self._sample_raw(batch_size)[2]
         self._after_batch()
         return ids
 
@@ -466,16 +351,18 @@ class UniformSampler(TransitionSampler):
             if self.store.reader.snapshot.total_rows == 0:
                 raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
             assert self._ahead is not None
-            out, ids, where, window = self._ahead.gather(batch_size)
-            batch = self._assemble(out, ids, where, None, window)
+            plan = self._plan_for(batch_size)
+            out = self._buffer(plan.nbytes)
+            ids, window = self._ahead.gather(batch_size, plan, out)
+            batch = assemble(plan, out, ids, None, window)
         elif self.windowed:
             self._prepare()
             if self.store.reader.snapshot.total_rows == 0:
                 raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
             batch = self._gather_windowed(batch_size, self._state, table=self._draw_table())
         else:
-            out, ids, where = self._sample_raw(batch_size)
-            batch = self._assemble(out, ids, where)
+            plan, out, ids = self._sample_raw(batch_size)
+            batch = assemble(plan, out, ids)
         self._after_batch()
         return batch
 
@@ -483,15 +370,3 @@ class UniformSampler(TransitionSampler):
 def _close_parts(parts: list[Any]) -> None:
     for p in parts:
         p.close()
-
-
-class _once:
-    """Candidates given once (explicit ids, prioritized draws): a second call has none."""
-
-    def __init__(self, ks: np.ndarray, slots: np.ndarray) -> None:
-        self.ks, self.slots = ks, slots
-
-    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        ks, slots = self.ks, self.slots
-        self.ks = self.slots = np.zeros(0, np.int64)
-        return ks, slots
