@@ -31,7 +31,7 @@ from .format import Header
 from ..core.fs import fsync_dir
 from ..core.errors import DiskFullError
 from .segment import Segment, now_ns
-from .locks import ALLOC
+from .claims import allocating
 
 if TYPE_CHECKING:
     from .store import ReplayStore
@@ -58,12 +58,10 @@ class SegmentSupply:
     def _make(self, chain_index: int) -> Segment:
         store = self.store
         durable = self.durability == "batch"
-        alloc = store.lock(ALLOC)
-        alloc.acquire(exclusive=True, blocking=True)
-        try:
-            store.evict_for_new_segment(pending_rows=len(self._ready) * self.usable)  # made for this batch
+        # segments ready but not written yet were made for this batch: they count as held
+        with allocating(store, pending_rows=len(self._ready) * self.usable, durable=durable) as sid:
             header = Header(
-                store_uuid=store.store_uuid, segment_id=store.allocate_segment_id(durable=durable),
+                store_uuid=store.store_uuid, segment_id=sid,
                 writer_id=self.writer_id, lanes=self.lanes, session_epoch=self.epoch, chain_index=chain_index,
                 first_seq=chain_index * self.usable, schema_hash=store.schema.hash,
                 segment_records=store.segment_records, usable_records=self.usable,
@@ -76,8 +74,6 @@ class SegmentSupply:
                 if store.on_full != "evict" or not store.evict_for_new_segment(force_one=True):
                     raise
                 return Segment.create(store.segments_dir, header, store.layout, durable=durable)
-        finally:
-            alloc.release()
 
     def _collect(self) -> None:
         if self._pending is not None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 from typing import TYPE_CHECKING, Any
 
 import crc32c as _crc32c
@@ -36,9 +35,11 @@ import numpy as np
 
 from .format import STATE_SEALED, Header, group_seed
 from ..core.fs import fsync_dir
-from ..core.errors import SchemaError, StoreLockedError, WriterBusyError
+from ..core.errors import SchemaError, StoreLockedError
 from .segment import Segment, now_ns, segment_name
-from .locks import ADMIN, ALLOC, writer_lock_name
+from . import claims
+from .claims import allocating
+from .locks import ADMIN
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -121,26 +122,14 @@ def admin_lock(store: ReplayStore, *, exclusive: bool) -> FileLock:
 
 def allocate_segment(store: ReplayStore) -> int:
     """A new segment id, after evicting what capacity requires, under the store-wide allocation lock."""
-    alloc = store.lock(ALLOC)
-    alloc.acquire(exclusive=True, blocking=True)
-    try:
-        store.evict_for_new_segment()
-        return store.allocate_segment_id()
-    finally:
-        alloc.release()
+    with allocating(store) as sid:
+        return sid
 
 
 def claim_writer_id(store: ReplayStore, role: str = "ingest") -> tuple[int, FileLock]:
     """Take the lowest free writer id of ``store`` (its lock, held until released) or raise
     ``WriterBusyError``; ``role`` goes into the lock file's owner line."""
-    from .writer import MAX_WRITERS
-
-    for wid in range(MAX_WRITERS):
-        lock = store.lock(writer_lock_name(wid))
-        if lock.acquire(exclusive=True):
-            lock.write_owner(f"pid={os.getpid()} host={socket.gethostname()} start_ns={now_ns()} {role}\n")
-            return wid, lock
-    raise WriterBusyError(f"all {MAX_WRITERS} writer ids of {store.path} are busy")
+    return claims.claim_writer_id(store, None, role)
 
 
 class SessionIngest:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 import time
 import uuid
 from pathlib import Path
@@ -35,18 +34,27 @@ import numpy as np
 
 from ..core.version import __version__
 from ..core import failpoint as _failpoint
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_OPEN, STATE_SEALED, Layout, crc32c, read_control
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_OPEN, STATE_SEALED, Layout, read_control
 from ..core.fs import atomic_write, fsync_dir, writable_error
 from .locks import FileLock
 from ..core.errors import (
     CorruptStoreError,
-    FormatVersionError,
     ReadOnlyStoreError,
     SchemaError,
     StoreClosedError,
     StoreExistsError,
     StoreFullError,
-    StoreNotFoundError,
+)
+from .manifest import (
+    COUNTERS,
+    MANIFEST,
+    STORE_FORMAT,
+    STORE_MAGIC,
+    default_segment_records,
+    manifest_bytes,
+    read_counter,
+    read_manifest,
+    write_counter,
 )
 from .reader import StoreReader
 from ..core.schema import Schema
@@ -58,19 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "STORE.json"
-STORE_MAGIC = "mmreplay-store"
-STORE_FORMAT = 1
-_COUNTER = struct.Struct("<QQ")
-_COUNTER_SLOT = 32
-
 OnFull = Literal["evict", "error"]
-
-
-def default_segment_records(schema: Schema, target_bytes: int = 32 << 20) -> int:
-    """Rows per segment so that a segment is about ``target_bytes`` (a multiple of 1024)."""
-    per_row = Layout.of(schema, 1).record_bytes + 16
-    return int(min(1 << 20, max(1024, target_bytes // per_row // 1024 * 1024)))
 
 
 def create_store(
@@ -114,7 +110,7 @@ def create_store(
         raise writable_error(exc, p) from exc
     (p / "segments").mkdir()
     (p / "locks").mkdir()
-    _write_counter(p / "counters.bin", 0, 1)
+    write_counter(p / COUNTERS, 0, 1)
     body = {
         "magic": STORE_MAGIC,
         "format_version": STORE_FORMAT,
@@ -128,7 +124,7 @@ def create_store(
         "mmreplay_version": __version__,
         "metadata": metadata or {},
     }
-    atomic_write(p / MANIFEST, _manifest_bytes(body))
+    atomic_write(p / MANIFEST, manifest_bytes(body))
     fsync_dir(p.parent if str(p.parent) else Path("."))
     return ReplayStore(p, "a")
 
@@ -160,67 +156,6 @@ def open_store(
     return ReplayStore(Path(path), mode, on_corrupt=on_corrupt, verify=verify)
 
 
-def _manifest_bytes(body: dict[str, Any]) -> bytes:
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return json.dumps({**body, "crc32c": crc32c(canon)}, indent=2, sort_keys=True).encode() + b"\n"
-
-
-def _read_manifest(p: Path) -> dict[str, Any]:
-    try:
-        raw = (p / MANIFEST).read_bytes()
-    except FileNotFoundError:
-        if not p.exists():
-            raise StoreNotFoundError(f"no store at {p}") from None
-        raise StoreNotFoundError(f"{p} is not an mmreplay store (no {MANIFEST})") from None
-    try:
-        data = json.loads(raw)
-        crc = data.pop("crc32c")
-    except (ValueError, KeyError, AttributeError) as exc:
-        raise CorruptStoreError(f"{p / MANIFEST}: not a valid manifest ({exc})") from None
-    canon = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-    if crc != crc32c(canon):
-        raise CorruptStoreError(f"{p / MANIFEST}: checksum mismatch")
-    if data.get("magic") != STORE_MAGIC:
-        raise CorruptStoreError(f"{p / MANIFEST}: bad magic {data.get('magic')!r}")
-    if data.get("format_version") != STORE_FORMAT:
-        raise FormatVersionError(f"{p}: store format {data.get('format_version')}, this mmreplay reads {STORE_FORMAT}")
-    return data
-
-
-def _write_counter(path: Path, value: int, version: int, slot: int | None = None, *, fsync: bool = True) -> None:
-    body = _COUNTER.pack(version, value)
-    rec = body + struct.pack("<I", crc32c(body))
-    rec += b"\0" * (_COUNTER_SLOT - len(rec))
-    if slot is None:
-        atomic_write(path, rec + b"\0" * _COUNTER_SLOT)
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        os.pwrite(fd, rec, slot * _COUNTER_SLOT)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_counter(path: Path) -> tuple[int, int, int]:
-    """``(value, version, slot)`` of the valid counter slot with the higher version."""
-    raw = path.read_bytes()
-    best: tuple[int, int, int] | None = None
-    for slot in (0, 1):
-        rec = raw[slot * _COUNTER_SLOT : (slot + 1) * _COUNTER_SLOT]
-        if len(rec) < _COUNTER.size + 4:
-            continue
-        body = rec[: _COUNTER.size]
-        (crc,) = struct.unpack_from("<I", rec, _COUNTER.size)
-        version, value = _COUNTER.unpack(body)
-        if crc == crc32c(body) and version > 0 and (best is None or version > best[1]):
-            best = (value, version, slot)
-    if best is None:
-        raise CorruptStoreError(f"{path}: both counter slots are damaged", hint="run `mmreplay verify --repair`")
-    return best
-
-
 class ReplayStore:
     """An open store. Use :func:`create_store` / :func:`open_store` to get one.
 
@@ -233,7 +168,7 @@ class ReplayStore:
                  verify: Literal["off", "strict", "salvage"] = "off") -> None:
         self.path = path
         self.mode = mode
-        m = _read_manifest(path)
+        m = read_manifest(path)
         self.manifest = m
         self.schema = Schema.from_json(m["schema"])
         if f"{self.schema.hash:016x}" != m["schema_hash"]:
@@ -328,11 +263,11 @@ class ReplayStore:
         even if a crash lost the counter's last update; the counter is therefore written
         without an fsync unless ``durable``.
         """
-        path = self.path / "counters.bin"
-        value, version, slot = _read_counter(path)
+        path = self.path / COUNTERS
+        value, version, slot = read_counter(path)
         on_disk = [p[0] for n in os.listdir(self.segments_dir) if (p := parse_segment_name(n.removesuffix(".deleted")))]
         value = max([value, *(i + 1 for i in on_disk)])
-        _write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
+        write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
         return value
 
     def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0) -> list[int]:

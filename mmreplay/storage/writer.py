@@ -51,7 +51,6 @@ import atexit
 import math
 import os
 import secrets
-import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal
@@ -62,9 +61,10 @@ import numpy as np
 from ..core import failpoint as _failpoint
 from .format import STATE_SEALED, group_seed
 from ._supply import SegmentSupply
-from ..core.errors import SchemaError, StoreClosedError, WriterBusyError, WriterFailedError
-from .segment import Segment, now_ns
-from .locks import ADMIN, writer_lock_name
+from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
+from .claims import MAX_WRITERS, claim_writer_id
+from .segment import Segment
+from .locks import ADMIN
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 Durability = Literal["process", "segment", "batch"]
 _PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-MAX_WRITERS = 1000
+__all__ = ["MAX_WRITERS", "Durability", "Writer"]
 _extend = _crc32c.crc32c
 
 
@@ -136,7 +136,7 @@ class Writer:
             raise StoreLockedError(f"{store.path} is locked for admin work (recover/compact)")
         self._lock = None
         try:
-            self.writer_id = self._claim(writer_id)
+            self.writer_id, self._lock = claim_writer_id(store, writer_id)
             from .recovery import recover_writer
 
             recover_writer(store, self.writer_id)
@@ -166,18 +166,18 @@ class Writer:
             self._publisher = threading.Thread(target=self._publisher_loop, name=f"mmreplay-publish-w{self.writer_id}",
                                                daemon=True)
             self._publisher.start()
-        # single-row fast path (lanes == 1): fields in record order, one structured assignment
-        # schema fields in record order, and where is_last sits among them
+        # one step as it usually comes (exact dtypes and shapes): checked field by field without
+        # copies; schema fields in record order, and where is_last sits among them (a single row
+        # is copied as one structured record)
         rec_names = list(self.layout.record_dtype.names)
         self._is_last_pos = rec_names.index("is_last")
-        self._one_names = [n for n in rec_names if n != "is_last"]
-        self._one_types = [(self.schema[n].dtype, (1, *self.schema[n].shape)) for n in self._one_names]
-        self._check_floats = nonfinite != "allow"
-        self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._one_names]
-        self._names = frozenset(self.schema.names)
-        self._nfields = len(self._names)
-        self._fast = self.lanes == 1
-        self._zero_record = np.zeros((), self.layout.record_dtype)
+        self._rec_names = [n for n in rec_names if n != "is_last"]
+        self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._rec_names]
+        # float fields checked on the way in: a few floats sum faster as Python floats
+        self._float_checks = [] if nonfinite == "allow" else [
+            (f.name, f.dtype.itemsize < 8, f.dtype.kind == "f" and self.lanes * int(np.prod(f.shape)) <= 64)
+            for f in self.schema.fields if f.dtype.kind in "fc"]
+        self._nfields = len(self.schema.names)
         self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
         atexit.register(self._atexit)
         try:  # the first segment is made now, not on the append path; the next one in the background
@@ -187,21 +187,7 @@ class Writer:
             self.close()
             raise
 
-    # -- locking --------------------------------------------------------------------------
-    def _claim(self, writer_id: int | None) -> int:
-        ids = range(MAX_WRITERS) if writer_id is None else [int(writer_id)]
-        if writer_id is not None and not 0 <= writer_id < MAX_WRITERS:
-            raise ValueError(f"`writer_id` must be in [0, {MAX_WRITERS}), got {writer_id}")
-        for wid in ids:
-            lock = self.store.lock(writer_lock_name(wid))
-            if lock.acquire(exclusive=True):
-                lock.write_owner(f"pid={os.getpid()} host={socket.gethostname()} start_ns={now_ns()}\n")
-                self._lock = lock
-                return wid
-        if writer_id is not None:
-            raise WriterBusyError(f"writer id {writer_id} of {self.store.path} is held by a live writer session")
-        raise WriterBusyError(f"all {MAX_WRITERS} writer ids of {self.store.path} are busy")
-
+    # -- locking ---------------------------------------------------------------------------
     def _release_locks(self) -> None:
         if self._lock is not None:
             self._lock.release()
@@ -215,17 +201,11 @@ class Writer:
         arrays ``envs.step`` returned, with the previous observation. Raises ``SchemaError``
         or ``InvalidValueError`` before writing anything if a field is wrong.
         """
-        if batch is None:
-            if self._fast:
-                self._add_one(fields)
-            else:
-                self._add_step(fields)
-        else:
-            self._append(batch, fields, (self.lanes,))
+        self._append(fields if batch is None else ({**batch, **fields} if fields else batch), True)
 
     def add_batch(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
         """Append ``T`` vector-env steps at once: every field has leading shape ``(T, lanes)``."""
-        self._append(batch, fields, None)
+        self._append(fields if batch is None else ({**batch, **fields} if fields else batch), False)
 
     def publish(self) -> None:
         """Make every row added so far visible to readers in other processes now."""
@@ -337,105 +317,60 @@ class Writer:
                         return
                     self._wake.clear()
 
-    def _add_one(self, fields: dict[str, Any]) -> None:
-        """One row (``lanes == 1``): validate, copy the record in one assignment, check floats.
-
-        Anything unusual (a missing field, a cast, a wrong shape, a non-finite value, a full
-        segment) goes to the general path, which handles or explains it.
-        """
-        if self._pid != _PID[0] or self._closed or self._failed is not None:
-            self._check()
-        try:
-            vals = [fields[name] for name in self._one_names]
-        except KeyError:
-            vals = None
-        if vals is None or len(fields) != self._nfields:
-            return self._append(None, fields, (1,))
-        for x, (dtype, shape) in zip(vals, self._one_types):
-            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
-                return self._append(None, fields, (1,))
-        with self._mutex:
-            seg = self._seg
-            n = self._n
-            if seg is None or n == self.usable:
-                return self._append(None, fields, (1,))
-            prev = self._prev_done
-            vals.insert(self._is_last_pos, prev)
-            seg.records[n] = tuple([v[0] for v in vals])
-            # a non-finite value makes the sum non-finite; a finite sum that overflowed only
-            # sends the row to the exact check of the general path
-            if self._check_floats:
-                for r, small in seg.float_checks:
-                    if not math.isfinite(sum(r[n].tolist()) if small else r[n].sum()):
-                        seg.records[n] = self._zero_record  # never published, bytes as before
-                        return self._append(None, fields, (1,))
-            if self._has_done:
-                self._prev_done = fields["terminated"] | fields["truncated"]
-            self._n = n + 1
-            if _failpoint.ACTIVE:
-                _failpoint.hit("after_payload")
-            self._after_write(seg)
-
-    def _add_step(self, fields: dict[str, Any]) -> None:
-        """One vector step (``lanes > 1``) that fits the open segment: exact dtypes and shapes
-        checked field by field, copied, then the float runs of the new rows checked at once."""
-        if self._pid != _PID[0] or self._closed or self._failed is not None:
-            self._check()
-        if len(fields) != self._nfields:
-            return self._append(None, fields, (self.lanes,))
+    def _exact(self, data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """``data`` if it is one step exactly as stored (every field, exact dtypes and shapes,
+        finite floats), else ``None``: the schema's full validation then handles or explains it."""
+        if len(data) != self._nfields:
+            return None
         for name, dtype, shape in self._step_specs:
-            x = fields.get(name)
+            x = data.get(name)
             if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
-                return self._append(None, fields, (self.lanes,))
-        L = self.lanes
-        with self._mutex:
-            seg = self._seg
-            n = self._n
-            if seg is None or n + L > self.usable:
-                return self._append(None, fields, (L,))
-            cols = seg.columns
-            for name in self._one_names:
-                cols[name][n : n + L] = fields[name]
-            seg.is_last[n : n + L] = self._prev_done
-            if self._check_floats:
-                for r, _ in seg.float_checks:
-                    if not math.isfinite(float(np.add.reduce(r[n : n + L], axis=None, dtype=np.float64))):
-                        seg.records[n : n + L] = self._zero_record  # never published, bytes as before
-                        return self._append(None, fields, (L,))  # exact check, error or warning
-            if self._has_done:
-                self._prev_done = np.logical_or(fields["terminated"], fields["truncated"])
-            self._n = n + L
-            if _failpoint.ACTIVE:
-                _failpoint.hit("after_payload")
-            self._after_write(seg)
+                return None
+        for name, single, small in self._float_checks:
+            # a non-finite value makes the sum non-finite; a finite sum that overflowed only
+            # sends the step to the exact check of the full validation
+            x = data[name]
+            if not math.isfinite(sum(x.ravel().tolist()) if small else
+                                 float(np.add.reduce(x, axis=None, dtype=np.float64 if single else None).real)):
+                return None
+        return data
 
-    def _append(self, batch: Mapping[str, Any] | None, fields: dict[str, Any], lead: tuple[int, ...] | None) -> None:
-        self._check()
-        data = fields if batch is None else ({**batch, **fields} if fields else batch)
-        arrays, got = self.schema.validate_batch(data, lead, cast=self.cast, nonfinite=self.nonfinite)
-        if lead is None and (len(got) != 2 or got[1] != self.lanes):
-            raise SchemaError(f"add_batch expects leading shape (T, lanes={self.lanes}), got {got}")
-        T = 1 if lead is not None else got[0]
-        rows = T * self.lanes
-        if rows == 0:
-            return
+    def _append(self, data: Mapping[str, Any], step: bool) -> None:
+        """The one append path: validate everything (nothing is written if a field is wrong),
+        then derive ``is_last`` and write (payload, stamps, publish per the durability level)."""
+        if self._pid != _PID[0] or self._closed or self._failed is not None:
+            self._check()
+        L = self.lanes
+        arrays = self._exact(data) if step else None
+        T = 1
+        if arrays is None:
+            arrays, got = self.schema.validate_batch(data, (L,) if step else None, cast=self.cast,
+                                                     nonfinite=self.nonfinite)
+            if not step:
+                if len(got) != 2 or got[1] != L:
+                    raise SchemaError(f"add_batch expects leading shape (T, lanes={L}), got {got}")
+                T = got[0]
+                if T == 0:
+                    return
+                arrays = {name: a.reshape(T * L, *a.shape[2:]) for name, a in arrays.items()}
+        rows = T * L
         with self._mutex:
             if not self._has_done:
-                is_last = np.zeros(rows, np.bool_)
-            elif T == 1:
+                self._write(arrays, np.zeros(rows, np.bool_), rows)
+                return
+            if T == 1:
                 is_last = self._prev_done
             else:
-                done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(T, self.lanes)
-                is_last = np.empty((T, self.lanes), np.bool_)
+                done = np.logical_or(arrays["terminated"], arrays["truncated"]).reshape(T, L)
+                is_last = np.empty((T, L), np.bool_)
                 is_last[0] = self._prev_done
                 is_last[1:] = done[:-1]
                 is_last = is_last.reshape(rows)
-            if lead is None:
-                arrays = {name: a.reshape(rows, *a.shape[2:]) for name, a in arrays.items()}
             self._write(arrays, is_last, rows)
-            if self._has_done:
-                last = slice(rows - self.lanes, rows)
-                self._prev_done = np.logical_or(arrays["terminated"][last], arrays["truncated"][last])
+            if T == 1:
+                self._prev_done = arrays["terminated"] | arrays["truncated"]
+            else:
+                self._prev_done = np.logical_or(arrays["terminated"][rows - L :], arrays["truncated"][rows - L :])
 
     def _append_last(self, last_obs: Any) -> None:
         obs_names = self.schema.obs_names
@@ -454,7 +389,7 @@ class Writer:
             self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)
             self._prev_done = np.zeros(self.lanes, np.bool_)
 
-    def _write(self, flat: dict[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
+    def _write(self, flat: Mapping[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
         """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
         # allocate every segment this batch needs before writing a byte of it
         free = self.usable - self._n if self._seg is not None else 0
@@ -469,11 +404,16 @@ class Writer:
                 seg = self._seg
                 assert seg is not None
                 n = self._n
-                cols = seg.columns
-                whole = pos == 0 and k == len(is_last)
-                for name, x in flat.items():
-                    cols[name][n : n + k] = x if whole else x[pos : pos + k]
-                seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
+                if rows == 1:  # one structured assignment: a single row costs about a list append
+                    vals = [flat[name][0] for name in self._rec_names]
+                    vals.insert(self._is_last_pos, is_last[0])
+                    seg.records[n] = tuple(vals)
+                else:
+                    cols = seg.columns
+                    whole = pos == 0 and k == rows
+                    for name, x in flat.items():
+                        cols[name][n : n + k] = x if whole else x[pos : pos + k]
+                    seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
                 self._n = n + k
                 pos += k
                 if _failpoint.ACTIVE:

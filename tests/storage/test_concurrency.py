@@ -7,12 +7,16 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from _children import SCHEMA, writer
-from test_fault_kill import CHILD, assert_prefix, visible_rows
 
 import mmreplay
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fault"))  # shared with the kill -9 tests
+from test_fault_kill import CHILD, assert_prefix, visible_rows  # noqa: E402
 
 
 @pytest.mark.slow
