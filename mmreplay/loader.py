@@ -33,6 +33,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .sampling.uniform import TransitionSampler
+    from .storage.view import TransitionBatch
 
 
 @dataclass
@@ -53,6 +54,35 @@ class TensorBatch:
 
 
 _STOP = object()
+
+
+def tensor_batch(b: TransitionBatch, device: Any, float_dtype: Any = None) -> TensorBatch:
+    """A numpy batch as a ``TensorBatch`` on ``device``: every field, ``extra`` fields included
+    (dict observations stay dicts). On the CPU the tensors are views of the batch's arrays (no
+    copy); elsewhere they are copied with ``non_blocking=True`` on the current stream. Float
+    fields and uint8 ones (frames) are cast to ``float_dtype`` on the device if it is set. The
+    one builder behind ``BatchLoader`` and the synchronous training loop."""
+    import torch
+
+    device = torch.device(device)
+    move = device.type != "cpu"
+
+    def conv(a: Any) -> Any:
+        if a is None:
+            return None
+        t = torch.from_numpy(np.asarray(a))
+        if move:
+            t = t.to(device, non_blocking=True)
+        if float_dtype is not None and (t.is_floating_point() or t.dtype == torch.uint8):
+            t = t.to(float_dtype)
+        return t
+
+    def obs(o: Any) -> Any:
+        return {k: conv(v) for k, v in o.items()} if isinstance(o, dict) else conv(o)
+
+    return TensorBatch(obs(b.obs), conv(b.action), conv(b.reward), obs(b.next_obs), conv(b.terminated),
+                       conv(b.truncated), np.array(b.ids), conv(b.weights), conv(b.discount),
+                       {k: conv(v) for k, v in b.extra.items()})
 
 
 class BatchLoader:
@@ -147,29 +177,11 @@ class BatchLoader:
             if update is not None:
                 update(ids, td)
 
-    def _tensor(self, a: Any) -> Any:
+    def _to_device(self, b: TransitionBatch, slot: int) -> tuple[TensorBatch, int, Any]:
         torch = self.torch
-        if a is None:
-            return None
-        t = torch.from_numpy(np.asarray(a))
-        if self.cuda:
-            t = t.to(self.device, non_blocking=True)
-        if self.float_dtype is not None and (t.is_floating_point() or t.dtype == torch.uint8):
-            t = t.to(self.float_dtype)
-        return t
-
-    def _to_device(self, b: Any, slot: int) -> tuple[TensorBatch, int, Any]:
-        torch = self.torch
-        conv = self._tensor
-
-        def obs(o: Any) -> Any:
-            return {k: conv(v) for k, v in o.items()} if isinstance(o, dict) else conv(o)
-
         ctx = torch.cuda.stream(self._stream) if self.cuda else _null()
         with ctx:
-            tb = TensorBatch(obs(b.obs), conv(b.action), conv(b.reward), obs(b.next_obs), conv(b.terminated),
-                             conv(b.truncated), np.array(b.ids), conv(b.weights), conv(b.discount),
-                             {k: conv(v) for k, v in b.extra.items()})
+            tb = tensor_batch(b, self.device, self.float_dtype)
             event = None
             if self.cuda:
                 event = torch.cuda.Event()

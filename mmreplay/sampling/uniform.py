@@ -31,6 +31,7 @@ import numpy as np
 from ..core.errors import EmptyStoreError, SchemaError
 from ._gather import (
     Once,
+    Source,
     TransitionPlan,
     TransitionView,
     WindowPlan,
@@ -42,7 +43,7 @@ from ._gather import (
     window_consts,
     window_plan,
 )
-from ._gather import kernels as _kernels  # noqa: F401  (the samplers' name for it)
+from ._gather import kernels as _kernels
 
 if TYPE_CHECKING:
     from ..storage.store import ReplayStore
@@ -230,7 +231,7 @@ class TransitionSampler:
             consts = self._plans["consts"] = window_consts(self.store)
         return consts
 
-    def _gather_windowed(self, batch_size: int, source: Any, weights: np.ndarray | None = None,
+    def _gather_windowed(self, batch_size: int, source: np.ndarray | Source, weights: np.ndarray | None = None,
                          table: np.ndarray | None = None) -> TransitionBatch:
         """Fill a batch from ``source`` (a generator state or a ``_gather.Source``), skipping
         starts whose window is incomplete; the views' values come back in ``reward``,

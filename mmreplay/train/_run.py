@@ -71,18 +71,11 @@ def pick_device(name: str) -> torch.device:
 
 
 def to_tensors(b: TransitionBatch, device: torch.device) -> Any:
-    """A numpy batch as a ``TensorBatch`` on ``device`` (no copy on the CPU)."""
-    from ..loader import TensorBatch
+    """A numpy batch as a ``TensorBatch`` on ``device`` (no copy on the CPU), ``extra`` fields
+    included: ``mmreplay.loader.tensor_batch``, the builder ``BatchLoader`` uses too."""
+    from ..loader import tensor_batch
 
-    def conv(a: Any) -> Any:
-        if a is None:
-            return None
-        if isinstance(a, dict):
-            return {k: conv(v) for k, v in a.items()}
-        return torch.from_numpy(np.asarray(a)).to(device, non_blocking=True)
-
-    return TensorBatch(conv(b.obs), conv(b.action), conv(b.reward), conv(b.next_obs), conv(b.terminated),
-                       conv(b.truncated), b.ids, conv(b.weights), conv(b.discount))
+    return tensor_batch(b, device)
 
 
 class Batches:

@@ -84,3 +84,34 @@ def test_close_stops_the_worker_and_leaks_no_thread(store):
     assert {t.ident for t in threading.enumerate() if t.name == "mmreplay-loader"} - before == set()
     with pytest.raises(StopIteration):
         next(loader)
+
+
+def test_synchronous_training_batches_keep_extra_fields(tmp_path):
+    """The batches of the synchronous training loop (``Batches`` without a loader thread) and of
+    a ``BatchLoader`` come from one builder and carry every ``extra`` field."""
+    from mmreplay.core.schema import Field
+    from mmreplay.train import TrainConfig
+    from mmreplay.train._run import Batches
+
+    schema = mmreplay.Schema.transition((3,), np.float32, extra=[Field("logp", np.float32),
+                                                                  Field("info/hidden", np.int16, (2,))])
+    s = mmreplay.create_store(tmp_path / "s", schema)
+    with s.writer(lanes=2) as w:
+        for t in range(40):
+            w.add(**step(2, t), logp=np.full(2, -t, np.float32), **{"info/hidden": np.full((2, 2), t, np.int16)})
+    expect = mmreplay.UniformSampler(s, seed=7).sample(16)
+    cfg = TrainConfig(env_id="x", store="x", batch_size=16, loader=False)
+    sync = Batches(mmreplay.UniformSampler(s, seed=7), cfg, torch.device("cpu"))
+    assert sync.loader is None
+    b = sync.next()
+    assert set(b.extra) == {"logp", "info/hidden"}
+    for name, arr in expect.extra.items():
+        assert isinstance(b.extra[name], torch.Tensor)
+        np.testing.assert_array_equal(b.extra[name].numpy(), arr)
+    np.testing.assert_array_equal(b.extra["logp"].numpy(), -b.reward.numpy())  # the row's own values
+    with BatchLoader(mmreplay.UniformSampler(s, seed=7), 16, device="cpu") as loader:
+        lb = next(loader)
+        assert set(lb.extra) == set(b.extra)
+        for name in b.extra:
+            np.testing.assert_array_equal(lb.extra[name].numpy(), b.extra[name].numpy())
+    s.close()
