@@ -77,7 +77,7 @@ class SequenceSampler:
         reader = self.store.reader
         fields = self._fields1.copy()
         fields[:, 2] *= batch_size  # block f starts after the previous fields' B*T rows
-        out = np.empty(self._row_bytes * batch_size, np.uint8)
+        out = np.empty(-(-self._row_bytes * batch_size // 8) * 8, np.uint8)  # the kernel views it as uint64
         is_last = np.empty((batch_size, self.total), np.bool_)
         mask = np.empty((batch_size, self.total), np.bool_)
         ids = np.empty(batch_size, np.int64)

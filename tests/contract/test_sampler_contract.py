@@ -9,7 +9,6 @@ no swaps (``swap_segments_per_s=0``) keep the draws reproducible.
 
 from __future__ import annotations
 
-import pytest
 
 import mmreplay
 from mmreplay.testing import SamplerContract, SequenceSamplerContract
@@ -61,9 +60,3 @@ class TestSequences(SequenceSamplerContract):
     def make_sampler(self, store, seed):
         return mmreplay.SequenceSampler(store, self.length, burn_in=self.burn_in, seed=seed)
 
-    @pytest.mark.xfail(strict=True, raises=ValueError,
-                       reason="known bug, found by this suite: SequenceSampler gathers a batch into a buffer of "
-                              "B * row bytes * (burn_in + length) bytes and views it as uint64, so a batch whose "
-                              "size is not a multiple of 8 bytes fails (here: 30-byte rows, B = 1, 3, 97)")
-    def test_any_batch_size(self, store, new_sampler):
-        super().test_any_batch_size(store, new_sampler)
