@@ -229,7 +229,7 @@ class BatchLoader:
         td = td_errors.detach().float().cpu().numpy() if hasattr(td_errors, "detach") else np.asarray(td_errors)
         self._updates.put((np.asarray(ids, np.int64).copy(), np.asarray(td, np.float64).copy()))
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | bool]:
         """Batches handed out and, with ``profile=True``, per step: the consumer's wait for data
         and its time in the update (between taking a batch and asking for the next), in total
         and as the fraction of the wall time spent waiting."""
@@ -237,6 +237,7 @@ class BatchLoader:
         total = float(sum(w) + sum(u))
         return {
             "batches": self._batches,
+            "worker_alive": self._thread.is_alive(),
             "wait_s": float(sum(w)),
             "update_s": float(sum(u)),
             "mean_wait_ms": 1e3 * float(np.mean(w)) if w else 0.0,

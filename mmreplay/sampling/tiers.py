@@ -370,6 +370,7 @@ class ResidentSet:
             "segment_bytes": self.segment_bytes,
             "open_segments": n_open,
             "resident_segments": len(reader.pinned),
+            "resident_ids": self.resident_ids(),
             "resident_bytes": len(reader.pinned) * self.segment_bytes,
             "capacity_segments": self.capacity(),
             "sealed_segments": int(snap.sealed.sum()),

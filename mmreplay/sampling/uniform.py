@@ -153,6 +153,13 @@ class TransitionSampler:
         self._resident.fill(timeout_s)
         self._filled = True
 
+    def finish_swap(self) -> bool:
+        """``mode="windowed"``: block until the segment load in flight (if any) is committed to
+        the resident set; True if one was. Lets a test or tool rotate the set without timing."""
+        if self._resident is None:
+            raise ValueError("finish_swap() needs mode='windowed'")
+        return self._resident.wait()
+
     def tier_stats(self) -> dict[str, Any]:
         """Where this sampler's rows come from: the resident set (windowed), the prefetch
         counters (exact), and the store pages this process keeps mapped."""

@@ -67,7 +67,7 @@ def test_worker_errors_surface_in_the_consumer(store):
     with pytest.raises(RuntimeError, match="worker thread failed") as info:
         next(loader)
     assert isinstance(info.value.__cause__, mmreplay.EmptyStoreError)
-    assert not loader._thread.is_alive()
+    assert not loader.stats()["worker_alive"]
 
 
 def test_close_stops_the_worker_and_leaks_no_thread(store):
@@ -80,7 +80,7 @@ def test_close_stops_the_worker_and_leaks_no_thread(store):
     assert stats["batches"] == 5 and stats["wait_s"] > 0 and stats["update_s"] > 0
     assert 0 < stats["wait_fraction"] < 1
     loader.close()
-    assert not loader._thread.is_alive()
+    assert not loader.stats()["worker_alive"]
     assert {t.ident for t in threading.enumerate() if t.name == "mmreplay-loader"} - before == set()
     with pytest.raises(StopIteration):
         next(loader)
