@@ -55,6 +55,15 @@ def kernels() -> Any:
     return _KERNELS
 
 
+def check_batch_size(batch_size: object) -> int:
+    """``batch_size`` as an int >= 1, or a one-line ``TypeError`` / ``ValueError`` naming it."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise TypeError(f"`batch_size` must be an integer, got {batch_size!r} ({type(batch_size).__name__})")
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+    return int(batch_size)
+
+
 def kernel_state(rng: np.random.Generator) -> np.ndarray:
     """The compiled kernels' own generator state (xoshiro256**, 4 words advanced in place),
     seeded from a sampler's numpy generator: same seed, same draws."""

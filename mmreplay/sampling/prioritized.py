@@ -41,7 +41,7 @@ import numpy as np
 
 from ..core.fs import atomic_write
 from ..core.errors import EmptyStoreError
-from ._gather import Once, assemble, kernels
+from ._gather import Once, assemble, check_batch_size, kernels
 from .uniform import Mode, TransitionSampler
 
 if TYPE_CHECKING:
@@ -228,10 +228,10 @@ class PrioritizedSampler(TransitionSampler):
 
     # -- sampling ---------------------------------------------------------------------------
     def sample(self, batch_size: int) -> TransitionBatch:
-        """``batch_size`` transitions drawn in proportion to their priority, with their
+        """``batch_size`` transitions drawn in proportion to their priority, with replacement
+        (a transition can appear twice; ``batch_size`` may exceed the store), with their
         importance weights (``batch.weights``, max 1) and ids for ``update_priorities``."""
-        if batch_size < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        batch_size = check_batch_size(batch_size)
         self._prepare()
         self._sync()
         self._apply_residency()

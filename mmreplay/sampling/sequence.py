@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import EmptyStoreError
-from ._gather import MAX_ROUNDS, Once, kernel_state, kernels
+from ._gather import MAX_ROUNDS, Once, check_batch_size, kernel_state, kernels
 
 if TYPE_CHECKING:
     from ..storage.store import ReplayStore
@@ -113,8 +113,7 @@ class SequenceSampler:
 
     def sample(self, batch_size: int) -> SequenceBatch:
         """``batch_size`` windows drawn uniformly over valid starts, with replacement."""
-        if batch_size < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        batch_size = check_batch_size(batch_size)
         if self.refresh_interval_s is not None:
             self.store.refresh_if_stale(self.refresh_interval_s)
         if self.store.reader.snapshot.total_rows == 0:

@@ -36,6 +36,7 @@ from ._gather import (
     TransitionView,
     WindowPlan,
     assemble,
+    check_batch_size,
     gather_transitions,
     gather_windowed,
     kernel_state,
@@ -343,6 +344,7 @@ class UniformSampler(TransitionSampler):
 
     def sample_ids(self, batch_size: int) -> np.ndarray:
         """Global row ids of ``batch_size`` transition starts, drawn with replacement."""
+        batch_size = check_batch_size(batch_size)
         if self._fetcher is not None:
             return self.sample(batch_size).ids
         ids = self._sample_raw(batch_size)[2]
@@ -351,9 +353,9 @@ class UniformSampler(TransitionSampler):
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """A batch of ``batch_size`` transitions drawn uniformly with replacement (over every
-        committed row, or over the resident set in ``mode="windowed"``)."""
-        if batch_size < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        committed row, or over the resident set in ``mode="windowed"``): the same transition can
+        appear twice in a batch, and ``batch_size`` may exceed the number of transitions."""
+        batch_size = check_batch_size(batch_size)
         if self._fetcher is not None:
             self._maybe_refresh()
             if self.store.reader.snapshot.total_rows == 0:

@@ -104,3 +104,23 @@ def test_priorities_persist_with_the_store(tmp_path, schema):
     other = PrioritizedSampler(r, seed=3, name="run2")  # another name starts fresh
     assert (other.priorities(ids) == 1.0).all()
     r.close()
+
+
+def test_sample_rejects_a_non_integer_batch_size_in_one_line(tmp_path):
+    st = mmreplay.create_store(tmp_path / "s", mmreplay.Schema.transition(obs_shape=(3,)), capacity=1000)
+    with st.writer() as w:
+        for t in range(10):
+            w.add(step(1, t, term=[t == 9]))
+    samplers = [mmreplay.UniformSampler(st, seed=0), mmreplay.PrioritizedSampler(st, seed=0),
+                mmreplay.SequenceSampler(st, 2, seed=0)]
+    for s in samplers:
+        for bad in (2.5, "8", None, True):
+            with pytest.raises(TypeError, match=r"^`batch_size` must be an integer, got") as e:
+                s.sample(bad)
+            assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match="`batch_size` must be >= 1"):
+            s.sample(0)
+        assert len(s.sample(np.int64(3)).ids) == 3
+    with pytest.raises(TypeError, match="`batch_size`"):
+        samplers[0].sample_ids(1.0)
+    st.close()
