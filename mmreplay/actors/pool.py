@@ -36,7 +36,6 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -150,29 +149,14 @@ def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_
                    segment_records: int | None = None) -> Any:
     """Open the store at ``path`` for appending, or create it from the spaces if it does not exist.
 
-    An existing store must have the schema the spaces give (``SchemaError`` lists the
-    differences); two processes creating it at once both end up appending to one store.
+    :func:`mmreplay.storage.open_or_create` with the schema the spaces give (its one
+    compatibility rule: the same schema, and ``segment_records`` when given).
     """
-    from ..core.errors import SchemaError, StoreExistsError
     from ..core.schema import Schema
-    from ..storage.store import create_store, open_store
+    from ..storage.opening import open_or_create as _open
 
-    schema = Schema.from_spaces(observation_space, action_space)
-    p = Path(path)
-    if not p.exists():
-        try:
-            return create_store(p, schema, capacity, metadata=metadata, segment_records=segment_records)
-        except StoreExistsError:
-            pass
-    store = open_store(p, mode="a")
-    if store.schema.hash != schema.hash:
-        have = {f.name: (str(f.dtype), f.shape) for f in store.schema.fields}
-        want = {f.name: (str(f.dtype), f.shape) for f in schema.fields}
-        diff = [f"{n}: store {have.get(n)} vs env {want.get(n)}" for n in sorted(set(have) | set(want))
-                if have.get(n) != want.get(n)]
-        store.close()
-        raise SchemaError(f"{p} holds a different schema than this env produces ({'; '.join(diff)})")
-    return store
+    return _open(path, Schema.from_spaces(observation_space, action_space), capacity,
+                 segment_records=segment_records, metadata=metadata, what="this env")
 
 
 def collect(

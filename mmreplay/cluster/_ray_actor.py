@@ -71,20 +71,11 @@ class ActorSpec:
 
 
 def _open_or_create(path: Path, schema: Schema, capacity: int, segment_records: int, metadata: dict[str, Any]) -> Any:
-    from ..core.errors import SchemaError, StoreExistsError
-    from ..storage.store import create_store, open_store
+    """:func:`mmreplay.storage.open_or_create` (it also remakes a store whose creation died)."""
+    from ..storage.opening import open_or_create
 
-    if path.exists() and not (path / "STORE.json").exists():
-        shutil.rmtree(path)  # a creation that died before its manifest: nothing was written to it
-    if not path.exists():
-        with contextlib.suppress(StoreExistsError):
-            return create_store(path, schema, capacity, segment_records=segment_records, metadata=metadata)
-    st = open_store(path, mode="a")
-    if st.schema.hash != schema.hash or st.segment_records != segment_records:
-        st.close()
-        raise SchemaError(f"{path} holds another schema or segment size than this run's",
-                          hint="give the run its own --local-dir")
-    return st
+    return open_or_create(path, schema, capacity, segment_records=segment_records, metadata=metadata,
+                          what="this run")
 
 
 class ClusterActor:

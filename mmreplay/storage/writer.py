@@ -166,16 +166,16 @@ class Writer:
             self._publisher = threading.Thread(target=self._publisher_loop, name=f"mmreplay-publish-w{self.writer_id}",
                                                daemon=True)
             self._publisher.start()
-        # one step as it usually comes (exact dtypes and shapes): checked field by field without
-        # copies; schema fields in record order, and where is_last sits among them (a single row
-        # is copied as one structured record)
+        # a step as it usually comes (exact dtypes, shapes) is checked without copies; fields in
+        # record order and where is_last sits among them (a single row is one structured record)
         rec_names = list(self.layout.record_dtype.names)
         self._is_last_pos = rec_names.index("is_last")
         self._rec_names = [n for n in rec_names if n != "is_last"]
         self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._rec_names]
         # float fields checked on the way in: a few floats sum faster as Python floats
         self._float_checks = [] if nonfinite == "allow" else [
-            (f.name, f.dtype.itemsize < 8, f.dtype.kind == "f" and self.lanes * int(np.prod(f.shape)) <= 64)
+            (f.name, f.dtype.itemsize < 8, (1 if not f.shape else 2) if f.dtype.kind == "f"
+             and self.lanes * int(np.prod(f.shape)) <= 64 else 0)
             for f in self.schema.fields if f.dtype.kind in "fc"]
         self._nfields = len(self.schema.names)
         self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
@@ -330,7 +330,7 @@ class Writer:
             # a non-finite value makes the sum non-finite; a finite sum that overflowed only
             # sends the step to the exact check of the full validation
             x = data[name]
-            if not math.isfinite(sum(x.ravel().tolist()) if small else
+            if not math.isfinite(sum(x.tolist() if small == 1 else x.ravel().tolist()) if small else
                                  float(np.add.reduce(x, axis=None, dtype=np.float64 if single else None).real)):
                 return None
         return data
@@ -398,12 +398,12 @@ class Writer:
         pos = 0
         try:
             while pos < rows:
-                if self._seg is None or self._n == self.usable:
-                    self._roll()
-                k = min(rows - pos, self.usable - self._n)
-                seg = self._seg
-                assert seg is not None
                 n = self._n
+                if self._seg is None or n == self.usable:
+                    self._roll()
+                    n = 0
+                seg = self._seg
+                k = rows - pos if rows - pos <= self.usable - n else self.usable - n
                 if rows == 1:  # one structured assignment: a single row costs about a list append
                     vals = [flat[name][0] for name in self._rec_names]
                     vals.insert(self._is_last_pos, is_last[0])
