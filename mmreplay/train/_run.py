@@ -370,27 +370,17 @@ def _read_rates(run_dir: Path) -> dict[str, float]:
 
 
 def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
-    """Open the run's store for appending, creating it from the env's spaces if missing."""
+    """Open the run's store for appending, creating it from the env's spaces if missing
+    (:func:`mmreplay.storage.open_or_create` and its one compatibility rule)."""
     from ..agent.envs import spaces_to_json
-    from ..core.errors import SchemaError
     from ..core.schema import Schema
-    from ..storage.store import create_store, open_store
+    from ..storage.opening import open_or_create
 
     schema = Schema.from_spaces(envs.single_observation_space, envs.single_action_space)
-    if Path(cfg.store, "STORE.json").exists():
-        store = open_store(cfg.store, mode="a")
-        for name in (*schema.obs_names, "action"):  # the reward may differ: the writer casts it safely
-            want = schema[name]
-            got = store.schema[name] if name in store.schema else None
-            if got is None or (got.dtype, got.shape) != (want.dtype, want.shape):
-                store.close()
-                raise SchemaError(f"{cfg.store}: field {name!r} is {got and (got.dtype, got.shape)}, but "
-                                  f"{cfg.env_id} gives {(want.dtype, want.shape)}",
-                                  hint="train into a new --store, or the env the store was collected from")
-        return store
     meta = {"env_id": cfg.env_id, "atari": cfg.atari, "source": "mmreplay train",
             **spaces_to_json(envs.single_observation_space, envs.single_action_space)}
-    return create_store(cfg.store, schema, capacity=cfg.capacity, segment_records=cfg.segment_records, metadata=meta)
+    return open_or_create(cfg.store, schema, cfg.capacity, segment_records=cfg.segment_records, metadata=meta,
+                          what=str(cfg.env_id))
 
 
 def count_actions(space: Any) -> int:
