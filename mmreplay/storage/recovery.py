@@ -146,7 +146,7 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
             path = store.segments_dir / name
             if cut:
                 _remove(path)
-                report.dropped[name] = report.dropped.get(name, 0) + store._segment_state(path)[1]
+                report.dropped[name] = report.dropped.get(name, 0) + store.segment_state(path)[1]
                 report.cleaned.append(name)
                 continue
             kept = _recover_one(store, path, name, report)
@@ -157,7 +157,7 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
 
 def _recover_one(store: ReplayStore, path: Path, name: str, report: RecoveryReport) -> int | None:
     """Recover one segment if it needs it; its row count afterwards (None if unreadable)."""
-    state, committed, synced = store._segment_state(path)
+    state, committed, synced = store.segment_state(path)
     if state == STATE_SEALED and synced >= committed:
         return committed  # sealed and durable: trusted (verify checks it on demand)
     try:

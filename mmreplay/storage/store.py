@@ -244,6 +244,7 @@ class ReplayStore:
             raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
         from .writer import Writer
 
+        validate_writer_args(self, lanes, durability, cast, nonfinite, publish_rows, publish_interval_s)
         w = Writer(self, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast, nonfinite=nonfinite,
                    publish_rows=publish_rows, publish_interval_s=publish_interval_s)
         self._writers.append(w)
@@ -294,7 +295,7 @@ class ReplayStore:
                 continue
             committed = known.get(name)
             if committed is None:
-                state, committed, _ = self._segment_state(self.segments_dir / name)
+                state, committed, _ = self.segment_state(self.segments_dir / name)
                 if state == STATE_SEALED:
                     known[name] = committed
             held += committed  # open segments' published rows count too (they cannot be evicted yet)
@@ -325,7 +326,12 @@ class ReplayStore:
             log.debug("evicted segments %s from %s", evicted, self.path)
         return evicted
 
-    def _segment_state(self, path: Path) -> tuple[int, int, int]:
+    def sealed_segment_rows(self) -> dict[str, int]:
+        """Row counts of the sealed segments this handle remembers for eviction (a copy; a
+        sealed segment never changes, so its control page is read once)."""
+        return dict(self._sealed_rows)
+
+    def segment_state(self, path: Path) -> tuple[int, int, int]:
         """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
         try:
             with open(path, "rb") as fh:
@@ -473,3 +479,21 @@ class ReplayStore:
 
         self._check()
         return store_info(self)
+
+
+def validate_writer_args(store: ReplayStore, lanes: Any, durability: str, cast: str, nonfinite: str,
+                         publish_rows: int, publish_interval_s: float) -> None:
+    """One ``ValueError`` naming the argument, before a writer takes any lock."""
+    checks = [
+        (isinstance(lanes, (int, np.integer)) and lanes >= 1, f"`lanes` must be a positive int, got {lanes!r}"),
+        (not isinstance(lanes, (int, np.integer)) or lanes <= store.segment_records,
+         f"`lanes`={lanes} is more than the store's segment_records={store.segment_records}"),
+        (durability in ("process", "segment", "batch"),
+         f"`durability` must be 'process', 'segment' or 'batch', got {durability!r}"),
+        (cast in ("no", "safe", "same_kind"), f"`cast` must be 'no', 'safe' or 'same_kind', got {cast!r}"),
+        (nonfinite in ("error", "warn", "allow"), f"`nonfinite` must be 'error', 'warn' or 'allow', got {nonfinite!r}"),
+        (publish_rows >= 1 and publish_interval_s > 0, "`publish_rows` must be >= 1 and `publish_interval_s` > 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)

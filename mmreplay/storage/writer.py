@@ -108,23 +108,10 @@ class Writer:
         publish_rows: int = 64,
         publish_interval_s: float = 0.005,
     ) -> None:
-        if not isinstance(lanes, (int, np.integer)) or lanes < 1:
-            raise ValueError(f"`lanes` must be a positive int, got {lanes!r}")
-        if lanes > store.segment_records:
-            raise ValueError(f"`lanes`={lanes} is more than the store's segment_records={store.segment_records}")
-        if durability not in ("process", "segment", "batch"):
-            raise ValueError(f"`durability` must be 'process', 'segment' or 'batch', got {durability!r}")
-        if cast not in ("no", "safe", "same_kind"):
-            raise ValueError(f"`cast` must be 'no', 'safe' or 'same_kind', got {cast!r}")
-        if nonfinite not in ("error", "warn", "allow"):
-            raise ValueError(f"`nonfinite` must be 'error', 'warn' or 'allow', got {nonfinite!r}")
-        if publish_rows < 1 or publish_interval_s <= 0:
-            raise ValueError("`publish_rows` must be >= 1 and `publish_interval_s` > 0")
         self.store = store
         self.lanes = int(lanes)
         self.durability = durability
-        self.cast = cast
-        self.nonfinite = nonfinite
+        self.cast, self.nonfinite = cast, nonfinite
         self.schema = store.schema
         self.layout = store.layout
         self.usable = store.segment_records // self.lanes * self.lanes
@@ -187,13 +174,11 @@ class Writer:
             self.close()
             raise
 
-    # -- locking ---------------------------------------------------------------------------
     def _release_locks(self) -> None:
         if self._lock is not None:
             self._lock.release()
         self._admin.release()
 
-    # -- public API -----------------------------------------------------------------------
     def add(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
         """Append one vector-env step: every field has leading dimension ``lanes``.
 
@@ -280,6 +265,23 @@ class Writer:
         except Exception:  # pragma: no cover - best effort at interpreter exit
             pass
 
+    def stats(self) -> dict[str, Any]:
+        """This session as tools and tests see it: the open segment (chain index, rows), rows not
+        yet published, whether the next segment is ordered, and the publisher thread's state."""
+        with self._mutex:
+            seg = self._seg
+            return {"writer_id": self.writer_id, "lanes": self.lanes, "rows_written": self.rows_written,
+                    "segment_chain_index": None if seg is None else seg.header.chain_index,
+                    "segment_rows": self._n, "unpublished_rows": self._n - self._pub if seg else 0,
+                    "next_segment_ordered": not self._supply.idle, "publisher_waiting": self._wake.is_set(),
+                    "publisher_alive": self._publisher is not None and self._publisher.is_alive()}
+
+    def release_spares(self) -> None:
+        """Give back the segments made ahead of need now (their disk space is freed at once; the
+        next roll then makes its segment itself)."""
+        with self._mutex:
+            self._supply.drop_spares()
+
     # -- internals ------------------------------------------------------------------------
     def _check(self) -> None:
         if self._pid != os.getpid():
@@ -290,12 +292,9 @@ class Writer:
             raise WriterFailedError(f"writer {self.writer_id} failed earlier: {self._failed!r}")
 
     def _publisher_loop(self) -> None:
-        """Publish rows left unpublished for ``publish_interval_s`` (the writer may have gone idle).
-
-        The thread sleeps until rows are staged (``_wake``, set by ``_after_write``), never on a
-        timer: a thread that wakes every few ms costs a CPU-bound actor loop ~10% (GIL handoffs;
-        measured with CartPole), and batched appends publish by themselves.
-        """
+        """Publish rows left unpublished for ``publish_interval_s``. The thread sleeps until rows are
+        staged (``_wake``), never on a timer: waking every few ms cost a CPU-bound actor loop ~10%
+        (GIL handoffs; CartPole, ``python benchmarks/collect.py`` when this was written)."""
         interval = self.publish_interval_s
         while not self._stop.is_set():  # close() sets _stop, then _wake: a clear below cannot lose it
             self._wake.wait()
@@ -498,3 +497,4 @@ class Writer:
         except BaseException as exc:
             self._failed = exc
             raise
+

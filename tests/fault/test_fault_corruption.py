@@ -323,7 +323,7 @@ def test_disk_full_with_eviction_evicts_and_continues(tmp_path, monkeypatch):
 
     for seq in range(64):
         add(seq)
-    w._supply.drop_spares()
+    w.release_spares()
     monkeypatch.setattr(os, "posix_fallocate", flaky)
     state["fail"] = 1  # the next allocation fails once: one sealed segment is evicted, then it retries
     for seq in range(64, 100):

@@ -351,12 +351,13 @@ def test_next_segment_is_ordered_at_half_of_the_first_then_at_each_roll(tmp_path
     w = s.writer(lanes=1)
     for t in range(31):
         w.add(**step(1, t))
-    assert w._supply.idle  # 31 of 64 rows: nothing ordered yet
+    assert not w.stats()["next_segment_ordered"]  # 31 of 64 rows: nothing ordered yet
     w.add(**step(1, 31))
-    assert not w._supply.idle  # half of the first segment: the second is being made
+    assert w.stats()["next_segment_ordered"]  # half of the first segment: the second is being made
     for t in range(32, 65):
         w.add(**step(1, t))  # row 64 is the first of the second segment
-    assert w._seg.header.chain_index == 1 and w._n == 1 and not w._supply.idle  # the third is ordered at once
+    st = w.stats()
+    assert st["segment_chain_index"] == 1 and st["segment_rows"] == 1 and st["next_segment_ordered"]  # the third
     w.close()
     assert s.num_rows == 65 and len(list((tmp_path / "s" / "segments").iterdir())) == 2  # the spare is gone
     s.close()
@@ -370,14 +371,14 @@ def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(t
     from mmreplay.storage.format import STATE_SEALED
 
     reads = []  # (handle, segment, read as sealed)
-    real = mmreplay.storage.store.ReplayStore._segment_state
+    real = mmreplay.storage.store.ReplayStore.segment_state
 
     def spy(self, path):
         out = real(self, path)
         reads.append((id(self), path.name, out[0] == STATE_SEALED))
         return out
 
-    monkeypatch.setattr(mmreplay.storage.store.ReplayStore, "_segment_state", spy)
+    monkeypatch.setattr(mmreplay.storage.store.ReplayStore, "segment_state", spy)
     wa, wb = a.writer(lanes=1), b.writer(lanes=1)
     for t in range(1000):
         (wa if t % 200 < 100 else wb).add(**step(1, t))  # the handles take turns, 100 rows each
@@ -386,7 +387,7 @@ def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(t
     on_disk = {p.name for p in (tmp_path / "s" / "segments").iterdir()}
     for h in (a, b):
         h.evict_for_new_segment()
-        assert set(h._sealed_rows) <= on_disk  # evicted segments were forgotten
+        assert set(h.sealed_segment_rows()) <= on_disk  # evicted segments were forgotten
     seen_sealed, again = set(), []
     for handle, name, sealed in reads:
         if (handle, name) in seen_sealed:

@@ -72,23 +72,24 @@ def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(tmp_path, schema
     w = store.writer(lanes=4, publish_rows=64, publish_interval_s=0.3)  # long: the flag is checked before it
     other = mmreplay.open_store(store.path, mode="r")
     w.add_batch({k: np.stack([step(4, t)[k] for t in range(16)]) for k in step(4, 0)})  # 64 rows
-    assert not w._wake.is_set()  # a full group published itself: nothing for the thread to do
+    assert not w.stats()["publisher_waiting"]  # a full group published itself: nothing for the thread to do
     other.refresh()
     assert other.num_rows == 64
     w.add(**step(4, 16))  # 4 rows wait
-    assert w._wake.is_set()
+    assert w.stats()["publisher_waiting"]
     deadline = time.monotonic() + 10
     while other.num_rows < 68 and time.monotonic() < deadline:
         time.sleep(0.005)
         other.refresh()
     assert other.num_rows == 68
-    while w._wake.is_set() and time.monotonic() < deadline:  # back to sleep once nothing waits
+    while w.stats()["publisher_waiting"] and time.monotonic() < deadline:  # back to sleep once nothing waits
         time.sleep(0.005)
-    assert not w._wake.is_set()
+    assert not w.stats()["publisher_waiting"]
     w.close()
     other.close()
 
-    # close() signals the thread (stop, then wake) just before the thread clears its wake-up
+    # close() signals the thread (stop, then wake) just before the thread clears its wake-up. The one
+    # white-box step of the suite: that interleaving can only be forced from inside the writer.
     w = store.writer(lanes=1, publish_interval_s=0.001)
     clear = w._wake.clear
 
@@ -99,8 +100,10 @@ def test_publisher_sleeps_until_rows_wait_and_close_never_hangs(tmp_path, schema
 
     w._wake.clear = close_signals_then_clear
     w.add(**step(1, 99))  # the thread publishes the row, then clears: it must see the stop and end
-    w._publisher.join(timeout=30)
-    assert not w._publisher.is_alive(), "the publisher missed close()'s signal (close() would hang)"
+    deadline = time.monotonic() + 30
+    while w.stats()["publisher_alive"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not w.stats()["publisher_alive"], "the publisher missed close()'s signal (close() would hang)"
     w.close()
     assert store.num_rows == 69
     store.close()
@@ -136,7 +139,7 @@ def test_disk_full_at_segment_roll_keeps_committed_rows(tmp_path, schema, monkey
     w = s.writer(lanes=2, publish_rows=1)
     for t in range(8):
         w.add(**step(2, t))
-    w._supply.drop_spares()  # so the next roll must allocate, and hit the full disk
+    w.release_spares()  # so the next roll must allocate, and hit the full disk
     monkeypatch.setattr(os, "posix_fallocate", _enospc)
     with pytest.raises(DiskFullError):
         w.add_batch({k: np.stack([v] * 20) for k, v in step(2, 8).items()})
@@ -180,8 +183,9 @@ def test_close_tolerates_another_process_finishing_a_spare_deletion(store, monke
     store opened in another process meanwhile may finish that deletion first (found by the torture
     test): close() must not fail for it."""
     w = store.writer(lanes=1)
-    w._supply.ensure(1)  # a spare, as made ahead of need
-    w.add(**step(1, 0))
+    for t in range(store.segment_records // 2):  # half of the first segment: a spare is ordered
+        w.add(**step(1, t))
+    assert w.stats()["next_segment_ordered"]
     real = os.rename
 
     def rename_then_finished_elsewhere(src, dst):
@@ -192,4 +196,4 @@ def test_close_tolerates_another_process_finishing_a_spare_deletion(store, monke
     monkeypatch.setattr(os, "rename", rename_then_finished_elsewhere)
     w.close()
     monkeypatch.undo()
-    assert store.num_rows == 1 and not list((store.path / "segments").glob("*.deleted"))
+    assert store.num_rows == store.segment_records // 2 and not list((store.path / "segments").glob("*.deleted"))
