@@ -89,8 +89,9 @@ _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 
 def populate_write(mm: mmap.mmap, offset: int = 0, length: int | None = None) -> bool:
     """Pre-fault ``mm`` writable (``MADV_POPULATE_WRITE``) so appends do not take a page fault
-    per new page; returns False where the kernel lacks it. Measured on the dev machine: 32 MiB of
-    first-touch writes took 68 ms through faults, 19 ms populate + 2 ms writes. ctypes releases
+    per new page; returns False where the kernel lacks it. An ad-hoc timing when it was written
+    (no benchmark reproduces it): 32 MiB of first-touch writes took 68 ms through faults, 19 ms
+    populate + 2 ms writes; ``python benchmarks/writers.py`` measures appends with it. ctypes releases
     the GIL for the call."""
     import numpy as np
 
@@ -143,8 +144,8 @@ def map_anonymous(length: int, *, huge: bool = False) -> int:
 
     ``huge``: aligned to ``HUGE_PAGE`` and ``MADV_HUGEPAGE`` (faulted in as 2 MB pages where
     the kernel allows, which a ``move_into`` to an aligned slot keeps: random reads over many
-    GB then miss the TLB far less; measured on the dev machine, random 7 KB-record gathers over
-    4 GB ran 1.35x faster). Otherwise pre-faulted (``MAP_POPULATE``)."""
+    GB then miss the TLB far less; an ad-hoc timing when it was written: random 7 KB-record
+    gathers over 4 GB ran 1.35x faster; ``python benchmarks/beyond_ram.py`` covers windowed mode). Otherwise pre-faulted (``MAP_POPULATE``)."""
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     if not huge:
         return _check_map(_libc.mmap(None, length, prot, mmap.MAP_PRIVATE | _MAP_ANON | _MAP_POPULATE, -1, 0),

@@ -20,8 +20,9 @@ from numba.extending import intrinsic
 
 @intrinsic
 def _memcpy(typingctx, dst, dst_off, src, src_off, n):  # pragma: no cover - compiled
-    """LLVM's memcpy between two byte arrays (3x faster than a word loop for frame-sized
-    fields; an intrinsic rather than a ctypes call, so the kernels stay cacheable)."""
+    """LLVM's memcpy between two byte arrays (about 3x faster than a word loop for frame-sized
+    fields in ``python benchmarks/atari.py`` when it was written; an intrinsic rather than a
+    ctypes call, so the kernels stay cacheable)."""
     sig = types.void(dst, types.intp, src, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
@@ -173,7 +174,7 @@ def _copy_row(region, r4, r8, out, o4, o8, fields, i, roff, noff):  # pragma: no
     """Copy every planned field of one transition into row ``i`` of the output blocks, in the
     widest words both ends are aligned to. Written out (not calling ``copy_small``) and free of
     memcpy: either made LLVM optimise this loop far worse (33 -> 83 us per batch of 256 vector
-    rows); plans with frame-sized fields use ``_copy_row_big``."""
+    rows in ``python benchmarks/run.py``'s sampling phase, timed when it was written); plans with frame-sized fields use ``_copy_row_big``."""
     for f in range(fields.shape[0]):
         n = fields[f, F_LEN]
         src = (noff if fields[f, F_NEXT] else roff) + fields[f, F_REC_OFF]

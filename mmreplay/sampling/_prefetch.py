@@ -167,7 +167,7 @@ class RssGuard:
     def __init__(self, store: ReplayStore, limit_bytes: int, every: int = 1) -> None:
         self.store = store
         self.limit = int(limit_bytes)
-        self.every = every  # check once per this many batches (reading statm costs ~3 us)
+        self.every = every  # check once per this many batches (reading statm costs a few us, timed ad hoc)
         self._n = 0
         self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
         self._page = os.sysconf("SC_PAGE_SIZE")

@@ -63,9 +63,9 @@ def load_segment(path: os.PathLike[str] | str, size: int, length: int | None = N
     one sequential read, and make the copy read-only. Returns ``(address, open fd, seconds)``.
 
     The read is ``O_DIRECT`` where the filesystem allows it: the disk writes straight into the
-    copy, so the file's pages neither pass through nor stay in the page cache (measured on the
-    dev machine: 0.58 against 0.50 GB/s from a cold cache, and half the CPU: 13 against 24 ms
-    a 29 MB segment). Otherwise a buffered read with ``POSIX_FADV_SEQUENTIAL`` (large
+    copy, so the file's pages neither pass through nor stay in the page cache (an ad-hoc timing
+    when it was written: 0.58 against 0.50 GB/s from a cold cache, and half the CPU, 13 against
+    24 ms a 29 MB segment; ``python benchmarks/beyond_ram.py`` reports load rates). Otherwise a buffered read with ``POSIX_FADV_SEQUENTIAL`` (large
     read-ahead), whose pages are then dropped (``POSIX_FADV_DONTNEED``): the copy replaces them.
     """
     t0 = time.perf_counter()
