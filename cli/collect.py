@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ._errors import friendly
+from ._errors import describe, friendly, one_line
 
 
 @click.command("collect")
@@ -73,8 +73,13 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
         result = ray_collect(env_id, ray_archive or f"{store.rstrip('/')}.archive", steps, actors=max(workers, 1),
                              envs_per_actor=envs_per_worker, address=address, store=store, **common)  # type: ignore[arg-type]
     else:
-        result = collect(env_id, store, steps, workers=workers, envs_per_worker=envs_per_worker,
-                         **common)  # type: ignore[arg-type]
+        try:
+            result = collect(env_id, store, steps, workers=workers, envs_per_worker=envs_per_worker,
+                             **common)  # type: ignore[arg-type]
+        except ValueError as exc:  # checked before any worker starts or any store is made
+            if describe(exc) is not None:
+                raise
+            raise click.ClickException(one_line(str(exc), "see `mmreplay collect --help`")) from None
     rets = result.episode_returns
     mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..agent.envs import AutoresetName
-from .worker import Policy, PolicySpec, WorkerConfig, run_worker
+from .worker import Policy, PolicySpec, WorkerConfig, check_policy, run_worker
 
 __all__ = ["ActorPool", "CollectResult", "Policy", "PolicySpec", "WorkerConfig", "collect", "open_or_create",
            "run_worker"]
@@ -220,6 +220,8 @@ def collect(
     from ..core.version import __version__
 
     obs_space, act_space, extra = _env_spaces(env, atari, max_episode_steps, terminal_on_life_loss, sticky_actions)
+    if isinstance(policy, PolicySpec):
+        check_policy(policy, obs_space, act_space)  # here, not ~2 s later in a worker, and before a store is made
     env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
     base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
             "mmreplay_version": __version__, **extra}

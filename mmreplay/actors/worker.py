@@ -69,6 +69,28 @@ class PolicySpec:
         return f"eps-greedy:{self.path}" + ("" if self.epsilon is None else f":{self.epsilon:g}")
 
 
+def check_policy(spec: PolicySpec, observation_space: Any, action_space: Any) -> None:
+    """Load ``spec``'s policy file and check it against the env's spaces, before any worker starts
+    or any store is made: a missing file, or a policy trained on another env (other observation
+    fields or shapes, another number of actions), raises ``ValueError`` naming both sides."""
+    if spec.kind == "random":
+        return
+    from ..agent.policy import load_policy
+    from ..core.schema import Schema
+
+    path = Path(spec.path or "")
+    if not path.is_file():
+        raise ValueError(f"policy file {spec.path} does not exist (give a policy.pt written by `mmreplay train`)")
+    policy = load_policy(str(path))
+    schema = Schema.from_spaces(observation_space, action_space)
+    want = {n: tuple(schema[n].shape) for n in schema.obs_names}
+    have = {o["name"]: tuple(o["shape"]) for o in policy.spec["obs"]}
+    n_actions = int(getattr(action_space, "n", -1))
+    if want != have or n_actions != policy.n_actions:
+        raise ValueError(f"policy {spec.path} was trained for observations {have} and {policy.n_actions} actions; "
+                         f"this env has observations {want} and {n_actions} actions: use a policy trained on it")
+
+
 class _EpsGreedy:
     """ε-greedy over a policy file, reloaded when the file changes; keeps frame stacks per lane."""
 

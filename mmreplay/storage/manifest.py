@@ -46,9 +46,11 @@ def read_manifest(p: Path) -> dict[str, Any]:
     """The checked manifest of the store at ``p`` (without its crc)."""
     try:
         raw = (p / MANIFEST).read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         if not p.exists():
             raise StoreNotFoundError(f"no store at {p}") from None
+        if not p.is_dir():
+            raise StoreNotFoundError(f"{p} is a file, not an mmreplay store (a store is a directory)") from None
         raise StoreNotFoundError(f"{p} is not an mmreplay store (no {MANIFEST})") from None
     try:
         data = json.loads(raw)

@@ -185,7 +185,8 @@ class ReplayStore:
         self._writers: list[Writer] = []
         if mode == "a":
             if not os.access(path, os.W_OK) or not os.access(self.segments_dir, os.W_OK):
-                raise ReadOnlyStoreError(f"{path} is not writable; open it with mode='r'")
+                raise ReadOnlyStoreError(f"{path} is read-only here (filesystem or permissions): no row can be added",
+                                         hint="read it with mode='r', or copy it to a writable filesystem to add rows")
             from .recovery import recover_abandoned
 
             self.recovery_report = recover_abandoned(self)

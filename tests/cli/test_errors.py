@@ -5,6 +5,7 @@ simulated by blocking its import there (``sys.modules[name] = None``)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,10 @@ ROWS = [
     ("export to s3 without s3fs", ["export", "{store}", "--to", "zarr", "s3://bucket/cp.zarr"], ("s3fs",),
      "pip install s3fs"),
     ("info of a missing store", ["info", "no/such/store"], (), "`mmreplay collect ENV_ID --store PATH`"),
+    ("a missing policy file", ["collect", "CartPole-v1", "--store", "new", "--steps", "100", "--policy",
+                               "eps-greedy:missing.pt"], (), "missing.pt does not exist"),
+    ("a policy of another env", ["collect", "Acrobot-v1", "--store", "new", "--steps", "100", "--policy",
+                                 "eps-greedy:{policy}"], (), "this env has observations {'obs': (6,)} and 3 actions"),
     ("train from a missing store", ["train", "--offline", "--store", "no/such/store", "--eval-env", "CartPole-v1",
                                     "--steps", "10", "--run-dir", "run"], (), "no/such/store"),
     ("train from a missing archive", ["train", "--offline", "--archive", "no/such.zarr", "--eval-env", "CartPole-v1",
@@ -65,11 +70,21 @@ ROWS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def cartpole_policy(cartpole) -> Path:
+    """A CartPole policy file (20 offline updates; made once)."""
+    run = cartpole.parent / "run"
+    r = _cli(["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "20",
+              "--eval-episodes", "0", "--run-dir", run, "-q"], cartpole.parent)
+    assert r.returncode == 0, r.stderr
+    return run / "policy.pt"
+
+
 @pytest.mark.parametrize(("name", "argv", "block", "says"), ROWS, ids=[r[0] for r in ROWS])
-def test_user_error_is_one_line_and_leaves_nothing(tmp_path, cartpole, name, argv, block, says):
+def test_user_error_is_one_line_and_leaves_nothing(tmp_path, cartpole, cartpole_policy, name, argv, block, says):
     (tmp_path / "a-file").write_text("not a directory")
     fill = {"{store}": str(cartpole), "{file}": str(tmp_path / "a-file")}
-    args = [fill.get(a, a) for a in argv]
+    args = [a.replace("{policy}", str(cartpole_policy)) for a in (fill.get(a, a) for a in argv)]
     before, store_before = _tree(tmp_path), _tree(cartpole)
     line = _one_line_error(_cli(args, tmp_path, block))
     assert line.startswith("Error: ") and fill.get(says, says) in line, line
@@ -90,24 +105,34 @@ def test_debug_shows_the_traceback(tmp_path):
     assert r.returncode == 1 and "Traceback" in r.stderr and "StoreNotFoundError" in r.stderr
 
 
-def _mount_tmpfs(mnt: Path) -> bool:
+def _mount_tmpfs(mnt: Path, size: str = "16m") -> bool:
     mnt.mkdir()
-    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
                                                 capture_output=True).returncode == 0
 
 
-def test_read_only_filesystem_targets_are_one_line(tmp_path, cartpole):
+def test_collect_into_a_store_on_a_read_only_filesystem(tmp_path, cartpole):
+    mnt = tmp_path / "ro"
+    if not _mount_tmpfs(mnt, "256m"):  # room for the store's preallocated segments
+        pytest.skip("needs root and mount")
+    try:
+        shutil.copytree(cartpole, mnt / "cp")
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)]).returncode == 0
+        line = _one_line_error(_cli(["collect", "CartPole-v1", "--store", mnt / "cp", "--steps", "10"], tmp_path))
+        assert "ReadOnlyStoreError" in line and "no row can be added" in line, line
+        assert "mode='a'" not in line and "copy the store to a writable filesystem" in line, line  # no contradiction
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_read_only_filesystem_targets_are_one_line(tmp_path, cartpole, cartpole_policy):
     mnt = tmp_path / "ro"
     if not _mount_tmpfs(mnt):
         pytest.skip("needs root and mount")
     try:
         assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)]).returncode == 0
-        run = tmp_path / "run"
-        r = _cli(["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "20",
-                  "--eval-episodes", "0", "--run-dir", run, "-q"], tmp_path)
-        assert r.returncode == 0, r.stderr
         cases = [
-            ["plot", run, "--out", mnt / "curve.png"],
+            ["plot", cartpole_policy.parent, "--out", mnt / "curve.png"],
             ["export", cartpole, "--to", "zarr", mnt / "cp.zarr"],
             ["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "10",
              "--eval-episodes", "0", "--run-dir", mnt / "run"],

@@ -398,3 +398,14 @@ def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(t
     assert 256 <= b.num_rows <= 256 + 64 + 2 * 64
     a.close()
     b.close()
+
+
+def test_open_store_on_a_file_or_a_plain_directory_is_store_not_found(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    for path, says in ((tmp_path / "a-file", "is a file"), (tmp_path / "a-dir", "no STORE.json"),
+                       (tmp_path / "missing", "no store at")):
+        for mode in ("r", "a"):
+            with pytest.raises(mmreplay.StoreNotFoundError, match=says) as e:
+                mmreplay.open_store(path, mode=mode)
+            assert str(path) in str(e.value)
