@@ -1,0 +1,56 @@
+"""What `mmreplay train` shows: a progress bar only when asked or on a terminal, the step a
+resumed run continues from, one evaluation per evaluation point, run directories as --help says."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mmreplay
+from mmreplay.train import TrainConfig, default_run_dir
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mmreplay", "train", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("store") / "cp"
+    mmreplay.collect("CartPole-v1", path, 400, workers=0, seed=0, progress=False)
+    return path
+
+
+def _evals(run: Path) -> list[int]:
+    with open(run / "metrics.csv") as fh:
+        return [int(float(r["step"])) for r in csv.DictReader(fh) if r["eval_return"]]
+
+
+def test_progress_resume_and_one_eval_per_point(tmp_path, cartpole):
+    run = tmp_path / "run"
+    base = ["--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--eval-episodes", "1", "--eval-every",
+            "20", "--log-every", "10", "--run-dir", run]
+    r = _train([*base, "--steps", "40"], tmp_path)  # stderr is a pipe: no bar unless asked
+    assert r.returncode == 0, r.stderr
+    assert "update/s" not in r.stderr and "it/s" not in r.stderr
+    assert _evals(run) == [20, 40]  # the end is an evaluation point: evaluated once
+    r = _train([*base, "--steps", "60", "--resume", "--progress"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"resuming {run} from update 40" in r.stderr
+    assert "100%|" in r.stderr and "update/s" in r.stderr  # the bar, asked for
+    assert _evals(run) == [20, 40, 60]
+
+
+def test_default_run_directories_are_named_as_help_says():
+    assert default_run_dir(TrainConfig(env_id="CartPole-v1", seed=3)) == Path("runs/CartPole-v1__dqn__s3")
+    offline = TrainConfig(offline=True, store="/data/cp-mediocre", eval_env="CartPole-v1", algo="cql", seed=1)
+    assert default_run_dir(offline) == Path("runs/CartPole-v1__cql-offline__s1")
+    from mmreplay.cli.train import _OPTIONS
+
+    (help_text,) = [kw["help"] for decls, kw in _OPTIONS if decls == ("--run-dir",)]
+    assert "runs/ENV__ALGO__sSEED" in help_text and "runs/EVAL_ENV__ALGO-offline__sSEED" in help_text
