@@ -54,3 +54,14 @@ def test_default_run_directories_are_named_as_help_says():
 
     (help_text,) = [kw["help"] for decls, kw in _OPTIONS if decls == ("--run-dir",)]
     assert "runs/ENV__ALGO__sSEED" in help_text and "runs/EVAL_ENV__ALGO-offline__sSEED" in help_text
+
+
+def test_actors_stepping_past_the_end_evaluate_it_once(tmp_path):
+    """Actors step in chunks, so the learner's last step count can pass --steps (602 for 600):
+    the evaluation at 600 is the end's, not one more at 602 (the old code's [356, 600, 602])."""
+    run = tmp_path / "run"
+    r = _train(["CartPole-v1", "--store", tmp_path / "s", "--actors", "1", "--steps", "600", "--eval-every", "300",
+                "--eval-episodes", "1", "--learning-starts", "100", "--run-dir", run, "-q"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    steps = _evals(run)
+    assert len(steps) == 2 and steps[0] >= 300 and steps[1] >= 600, steps
