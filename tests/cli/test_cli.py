@@ -19,6 +19,7 @@ def test_info_human_and_json(store):
     r = CliRunner().invoke(main, ["info", path])
     assert r.exit_code == 0, r.output
     assert "rows         40" in r.output and "transitions  37" in r.output and "reward" in r.output
+    assert "writers      1 (ids 0)" in r.output  # a count, then the ids (it read like a count before)
     r = CliRunner().invoke(main, ["info", path, "--json"])
     data = json.loads(r.output)
     assert (data["rows"], data["transitions"], data["episodes"], data["writers"]) == (40, 37, 1, [0])
