@@ -26,6 +26,9 @@ from ._errors import describe, friendly, one_line
 @click.option("--terminal-on-life-loss", is_flag=True, help="Atari: end an episode when a life is lost.")
 @click.option("--capacity", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Rows kept when creating the store (oldest segments are evicted beyond it).")
+@click.option("--segment-records", type=click.IntRange(min=1), default=None,
+              help="Rows per segment file when creating the store [about 32 MiB]; a store holds up to --capacity "
+                   "plus one segment per worker and one more, so use segments well below a small capacity.")
 @click.option("--durability", type=click.Choice(["process", "segment", "batch"]), default="segment", show_default=True,
               help="What a crash can lose; see README 'Guarantees'.")
 @click.option("--max-episode-steps", type=click.IntRange(min=1), default=None, help="Truncate episodes at T steps.")
@@ -40,7 +43,8 @@ from ._errors import describe, friendly, one_line
                    "every node reaches. [STORE.archive; required with an ADDRESS]")
 @friendly
 def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_worker: int, policy: str, seed: int | None,
-                atari: bool | None, terminal_on_life_loss: bool, capacity: int, durability: str,
+                atari: bool | None, terminal_on_life_loss: bool, capacity: int, segment_records: int | None,
+                durability: str,
                 max_episode_steps: int | None, autoreset_mode: str, progress: bool | None, ray_address: str | None,
                 ray_archive: str | None) -> None:
     """Run ENV_ID with worker processes and store every step in a replay store.
@@ -67,6 +71,9 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
     if ray_address is not None:
         from mmreplay.cluster import ray_collect
 
+        if segment_records is not None:
+            raise click.UsageError("--segment-records is set by --ray (actors ship small segments)")
+
         address = None if ray_address == "local" else ray_address
         if address is not None and ray_archive is None:
             raise click.UsageError("--ray ADDRESS needs --ray-archive: a shared path or URL every node reaches")
@@ -75,7 +82,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
     else:
         try:
             result = collect(env_id, store, steps, workers=workers, envs_per_worker=envs_per_worker,
-                             **common)  # type: ignore[arg-type]
+                             segment_records=segment_records, **common)  # type: ignore[arg-type]
         except ValueError as exc:  # checked before any worker starts or any store is made
             if describe(exc) is not None:
                 raise
@@ -83,10 +90,14 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
     rets = result.episode_returns
     mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
+    from mmreplay.storage.info import disk_usage
+
+    allocated, files = disk_usage(store)
     click.echo(f"{state}: stored {result.steps:,} env steps ({result.transitions:,} transitions, "
                f"{result.episodes:,} episodes, mean return of last {min(len(rets), 100)}: {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
-               f"{result.bytes_written / 2**20:,.1f} MiB; seed {result.seed}; store {store}")
+               f"{result.bytes_written / 2**20:,.1f} MiB of rows; seed {result.seed}; store {store}: "
+               f"{allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
     if ray_address is not None:
         restarts = sum(result.restarts.values())
         click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"

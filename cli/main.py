@@ -65,7 +65,8 @@ def info(path: str, as_json: bool) -> None:
         f"segments     {data['segments']} ({data['segments_open']} open, {data['evicted_segments']} evicted), "
         f"{data['segment_records']:,} rows / {_human_bytes(data['segment_bytes'])} each"
     )
-    click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])}")
+    click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])} allocated in {data['segment_files']} segment "
+               f"file(s) (preallocated; spares included); the rows use {_human_bytes(data['bytes_used'])}")
     t = data["tiers"]
     hot, warm, ram = t["hot"], t["warm"], t["ram"]
     click.echo(f"tiers        hot:  {hot['open_segments']} open segment(s), {_human_bytes(hot['bytes'])} "

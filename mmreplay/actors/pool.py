@@ -170,6 +170,7 @@ def collect(
     seed: int | None = None,
     atari: bool | None = None,
     capacity: int = 1_000_000,
+    segment_records: int | None = None,
     durability: Literal["process", "segment", "batch"] = "segment",
     max_episode_steps: int | None = None,
     autoreset_mode: AutoresetName = "next_step",
@@ -195,6 +196,11 @@ def collect(
         mapping a batch of observations to a batch of actions.
     seed
         Base seed (``None``: a fresh random one, recorded in the provenance record).
+    capacity, segment_records
+        Rows the store keeps, and rows per segment file, when this call creates the store
+        (``segment_records=None``: segments of about 32 MiB). A full store holds up to
+        ``capacity`` plus one segment per writer and one more: choose segments well below
+        ``capacity`` for a small store. An existing store must have ``segment_records`` if given.
     autoreset_mode
         The vector env's autoreset mode; every mode stores the same episodes.
     progress
@@ -225,7 +231,8 @@ def collect(
     env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
     base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
             "mmreplay_version": __version__, **extra}
-    st = open_or_create(store, obs_space, act_space, capacity=capacity, metadata={**base, **(metadata or {})})
+    st = open_or_create(store, obs_space, act_space, capacity=capacity, segment_records=segment_records,
+                        metadata={**base, **(metadata or {})})
     n_workers = max(workers, 1)
     shares = _split(steps, n_workers)
     cfgs = [WorkerConfig(w, env, str(st.path), -(-shares[w] // envs_per_worker) * envs_per_worker, envs_per_worker,

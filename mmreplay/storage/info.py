@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import STATE_NAMES, STATE_SEALED
+from .format import STAMP_DTYPE, STATE_NAMES, STATE_SEALED
 from ..core.fs import MADV_DONTNEED, MADV_SEQUENTIAL
 
 if TYPE_CHECKING:
@@ -36,13 +36,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         if mapped:
             r.region.advise(m.window, size, MADV_DONTNEED)
             r._advise(m)
-    disk = 0
-    with os.scandir(store.segments_dir) as it:
-        for e in it:
-            try:
-                disk += e.stat().st_blocks * 512
-            except FileNotFoundError:  # evicted (renamed .deleted, then unlinked) while we listed it
-                continue
+    disk, files = disk_usage(store.path)
     writers = sorted({m.header.writer_id for m in segs})
     try:
         stats = json.loads((store.path / "stats.json").read_text())
@@ -61,6 +55,8 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "segments_open": sum(1 for m in segs if STATE_NAMES.get(m.state) == "open"),
         "segment_bytes": store.layout.file_size,
         "bytes_on_disk": disk,
+        "segment_files": files,
+        "bytes_used": int(s.total_rows) * (store.layout.record_bytes + STAMP_DTYPE.itemsize),
         "writers": writers,
         "evicted_segments": int(stats.get("evicted_segments", 0)),
         "unreadable_segments": dict(r.skipped),
@@ -70,6 +66,22 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
         "tiers": tier_summary(store),
     }
+
+
+def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(bytes allocated on disk, segment files)`` of the store at ``path``: every segment file,
+    spare (made ahead of need, still empty) and open ones included, as the filesystem counts
+    them (allocated blocks, so preallocated space counts in full). Lists one directory; reads
+    no row."""
+    disk = files = 0
+    with os.scandir(os.path.join(os.fspath(path), "segments")) as it:
+        for e in it:
+            try:
+                disk += e.stat().st_blocks * 512
+            except FileNotFoundError:  # evicted (renamed .deleted, then unlinked) while we listed it
+                continue
+            files += 1
+    return disk, files
 
 
 def tier_summary(store: ReplayStore) -> dict[str, Any]:

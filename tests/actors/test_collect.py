@@ -297,3 +297,26 @@ def test_train_cli_failure_paths_are_one_line(tmp_path):
     r = _cli("train", "CartPole-v1", "--store", tmp_path / "c", "--steps", 10, "--run-dir", tmp_path / "r2")
     assert r.returncode == 1 and "CorruptStoreError" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert _cli("train", "CartPole-v1", "--store", tmp_path / "c", "--algo", "ppo").returncode == 2
+
+
+def test_collect_segment_records_and_honest_sizes(tmp_path):
+    """--segment-records sizes a small store's segments, so it keeps about what --capacity asks; the
+    summary and info give the bytes allocated on disk (preallocated files) apart from the bytes the
+    rows use."""
+    import json
+
+    path = tmp_path / "s"
+    r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(path), "--steps", "5000", "--workers", "0",
+                                  "--capacity", "2000", "--segment-records", "512", "--seed", "0"])
+    assert r.exit_code == 0, r.output
+    assert "MiB of rows" in r.output and "allocated on disk in" in r.output
+    data = json.loads(CliRunner().invoke(main, ["info", str(path), "--json"]).output)
+    assert data["segment_records"] == 512
+    assert 2000 <= data["rows"] <= 2000 + 2 * 512  # capacity + the open segment + one more
+    assert data["bytes_used"] == data["rows"] * (mmreplay.open_store(path).layout.record_bytes + 16)
+    assert data["bytes_on_disk"] >= data["segment_files"] * data["segment_bytes"] > data["bytes_used"]
+    r = CliRunner().invoke(main, ["info", str(path)])
+    assert "allocated in" in r.output and "the rows use" in r.output
+    r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(path), "--steps", "10", "--workers", "0",
+                                  "--segment-records", "256"])
+    assert r.exit_code == 1 and "segment_records" in r.output  # an existing store keeps its segment size
