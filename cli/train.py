@@ -171,6 +171,11 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
         click.echo(f"env steps    {result.env_steps:,}  ({result.steps_per_s:,.0f}/s)")
     click.echo(f"updates      {result.updates:,}  ({result.updates_per_s:,.0f}/s, data wait {result.data_wait:.1%})")
     click.echo(f"wall time    {result.wall_s:.1f} s")
+    if not cfg.offline and cfg.store:
+        from mmreplay.storage.info import disk_usage
+
+        allocated, files = disk_usage(cfg.store)
+        click.echo(f"store        {cfg.store}: {allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
     if result.evals:
         step, mean, std = result.evals[-1]
         click.echo(f"final eval   {mean:.1f} ± {std:.1f}  (step {step:,}; best {result.best_return:.1f})")
