@@ -60,7 +60,9 @@ def info(path: str, as_json: bool) -> None:
     click.echo(f"store        {data['path']}")
     click.echo(f"rows         {data['rows']:,}  (capacity {data['capacity']:,})")
     click.echo(f"transitions  {data['transitions']:,}")
-    click.echo(f"episodes     {data['episodes']:,}  (completed)")
+    click.echo(f"episodes     {data['episodes']:,} ended ({data['episodes_terminated']:,} terminated, "
+               f"{data['episodes_truncated']:,} truncated or cut by the end of a run), "
+               f"{data['episodes_incomplete']:,} incomplete (a writer stopped mid-episode)")
     click.echo(
         f"segments     {data['segments']} ({data['segments_open']} open, {data['evicted_segments']} evicted), "
         f"{data['segment_records']:,} rows / {_human_bytes(data['segment_bytes'])} each"

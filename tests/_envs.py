@@ -7,6 +7,17 @@ import numpy as np
 from gymnasium import spaces
 
 EMITTED: list[tuple] = []  # (obs, action, reward, next_obs, terminated, truncated) of every step, in-process runs
+LAST: dict[int, int] = {}  # recorder -> index in EMITTED of its last step
+
+
+def emitted_as_stored() -> list[tuple]:
+    """EMITTED as a collect stores it: the last step of each env, if its episode was still running
+    when the run ended, is marked truncated (the run cut it)."""
+    out = list(EMITTED)
+    for i in LAST.values():
+        o, a, r, n, term, trunc = out[i]
+        out[i] = (o, a, r, n, term, trunc or not term)
+    return out
 
 
 def _key(x):
@@ -26,6 +37,7 @@ class Recorder(gym.Wrapper):
     def step(self, action):
         obs, reward, term, trunc, info = self.env.step(action)
         EMITTED.append((_key(self._obs), int(action), float(reward), _key(obs), bool(term), bool(trunc)))
+        LAST[id(self)] = len(EMITTED) - 1
         self._obs = obs
         return obs, reward, term, trunc, info
 

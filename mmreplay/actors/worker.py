@@ -169,6 +169,11 @@ class WorkerConfig:
     gather_steps: int = 256
     """Most vector steps gathered before one ``add_batch`` (and at most 256 KiB): rows reach
     readers that many steps late. A trainer's actors use a few (fresh data), ``collect`` many."""
+    cut_episodes: bool = True
+    """Store the last step of an episode the end of the run interrupts (the step budget, a stop,
+    Ctrl-C) as a truncation, as D4RL's ``timeouts`` and Minari do: bootstrapping continues through
+    it and nobody counts it as an episode that ended on its own. Same-step and disabled
+    autoreset mark it at the step budget only (they write each step as it comes)."""
 
 
 def _make_vec(cfg: WorkerConfig, copy: bool = True) -> Any:
@@ -218,6 +223,7 @@ def run_worker(
     # buffer, before the step overwrites it (no deepcopy per step); a user's policy may keep references
     envs = _make_vec(cfg, copy=not (next_step and ours))
     E = cfg.envs
+    cut = cfg.cut_episodes
     if ours and cfg.policy.kind == "eps-greedy":
         act: Any = _EpsGreedy(cfg.policy, envs.action_space, cfg.seed + 7919 * (cfg.worker + 1))
     elif ours:
@@ -264,15 +270,16 @@ def run_worker(
             steps = 0
             watch = isinstance(act, _EpsGreedy)  # only our ε-greedy needs episode starts (frame stacks)
             while steps < budget:
-                if buf.empty:  # every T steps: stop? report?
-                    if should_stop():
+                if buf.full or buf.empty:  # every T steps: stop? report? (stop before the flush, so the
+                    if should_stop():      # last step is still gathered and can be marked as cut)
                         break
+                    buf.flush()
                     if time.monotonic() - last_report >= cfg.report_s:
                         flush_report()
                 if may_step is not None and not may_step(E):
-                    buf.flush()  # the learner waits for these rows
                     if should_stop():
                         break
+                    buf.flush()  # the learner waits for these rows
                     time.sleep(0.001)
                     if time.monotonic() - last_report >= cfg.report_s:
                         flush_report()
@@ -284,6 +291,13 @@ def run_worker(
                 steps += E
                 if watch:  # a lane done in the last step was reset by this one: its obs starts an episode
                     new_episode, prev_done = prev_done, term | trunc
+            if cut and buf.empty and 0 < steps < budget and (may_step is None or may_step(E)):
+                # stopped right after a flush: the last step is written, so one more carries the cut (not
+                # past a trainer's samples-per-insert limit: then the episodes stay unmarked, incomplete)
+                action = act(obs, new_episode)
+                buf.put_obs(obs, action)
+                obs, reward, term, trunc, _ = envs.step(action)
+                buf.put_outcome(reward, term, trunc)
         else:
             new_episode = np.ones(E, bool)
             zero = np.zeros(1, np.float64)
@@ -295,13 +309,17 @@ def run_worker(
                     continue
                 action = act(obs, new_episode)
                 next_obs, reward, term, trunc, info = envs.step(action)
+                env_done = term | trunc
+                if cut and stats.steps + E >= budget:  # the run ends here: running episodes are cut
+                    trunc = trunc | ~term
                 done = term | trunc
                 # same-step: the final observations are in info; disabled: next_obs until we reset
                 for j in range(E):
                     a = action[j:j + 1]
                     writers[j].add(_row(_take(obs, [j]), a, reward[j:j + 1], term[j:j + 1], trunc[j:j + 1]))
                     if done[j]:  # the episode's final observation is its own (last) row of the lane
-                        final = _take(next_obs, [j]) if disabled else _one_lane(info["final_obs"][j])
+                        final = (_take(next_obs, [j]) if disabled or not env_done[j]  # cut: next_obs is its own
+                                 else _one_lane(info["final_obs"][j]))
                         writers[j].add(_row(final, a, zero, [False], [False]))
                 if disabled and done.any():  # reset_mask resets those copies, returns the whole batch
                     next_obs, _ = envs.reset(options={"reset_mask": done})
@@ -313,6 +331,8 @@ def run_worker(
     finally:
         try:
             if buf is not None:
+                if cut:
+                    buf.cut_last()  # episodes the end of the run interrupts are stored as truncated
                 buf.flush()  # the last block (also after a crash: what was gathered before it)
             for j, w in enumerate(writers):
                 if obs is None:
@@ -381,6 +401,7 @@ class _StepBuffer:
         self.rewards: list[np.ndarray] = []
         self.terms: list[np.ndarray] = []
         self.truncs: list[np.ndarray] = []
+        self.tail_done = np.zeros(writer.lanes, np.bool_)  # the last flushed step's done flags
         by_ref = ("reward", "terminated", "truncated", *(("action",) if fresh_actions else ()))
         self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields
                      if f.name not in by_ref}
@@ -419,14 +440,28 @@ class _StepBuffer:
         self.rewards.append(reward)
         self.terms.append(term)
         self.truncs.append(trunc)
-        if len(self.rewards) >= self.T:
-            self.flush()
+
+    @property
+    def full(self) -> bool:
+        return len(self.rewards) >= self.T
+
+    def cut_last(self) -> bool:
+        """Mark the last gathered step as a truncation in every lane whose episode is still running
+        (not done in it, nor in an autoreset row after a done): the run ends there. False when
+        that step is already written (the unbuffered first step)."""
+        if not self.k:
+            return False
+        done = self.terms[-1] | self.truncs[-1]
+        prev = self.terms[-2] | self.truncs[-2] if len(self.terms) >= 2 else self.tail_done
+        self.truncs[-1] = self.truncs[-1] | ~(done | prev)  # a new array: the env's is kept by reference
+        return True
 
     def flush(self) -> None:
         if not self.rewards:
             return
         n, lanes = len(self.rewards), self.writer.lanes  # (concatenate: a fraction of np.stack's cost per step)
         reward, term, trunc = (np.concatenate(x).reshape(n, lanes) for x in (self.rewards, self.terms, self.truncs))
+        self.tail_done = term[-1] | trunc[-1]  # for cut_last() when the next block holds one step
         self.rewards, self.terms, self.truncs = [], [], []
         k, self.k = self.k, 0
         if k:  # the last k steps (the block may start with the unbuffered first step)

@@ -47,7 +47,10 @@ are padding. Episode e is the rows with episode == e, in time order as stored; i
 observations (its last row is_last, holding the final observation) and T actions, rewards,
 terminated and truncated flags (those of its first T rows). Next observation of a row = obs of
 the next row of the same episode. An episode whose first row is not is_first began before the
-oldest exported row; one whose last row is not is_last was still running."""
+oldest exported row; one whose last row is not is_last was still running. An episode whose last
+step (row T-1) is neither terminated nor truncated was cut without a mark (a writer stopped
+mid-episode): treat it as truncated. mmreplay collect and train mark the step where a run
+ends an episode as truncated themselves."""
 
 
 # -- opening -----------------------------------------------------------------------------------

@@ -11,8 +11,12 @@ arrays (``jpeg_encoding=False``): Minari's JPEG default is lossy.
 What is exported: every complete episode (its first row starts a writer session's lane or
 follows an ``is_last`` row, and it ends in an ``is_last`` row), in the order of their first rows'
 ids. Running episodes and episodes whose first rows were evicted are left out and counted in
-the report. An episode closed by ``Writer.close(last_obs=...)`` before it was done ends with
-``terminations[-1] == truncations[-1] == False``, as in the store.
+the report. ``mmreplay collect`` and ``train`` store the last step of an episode the end of the
+run cuts as a truncation (Minari's and D4RL's ``timeouts`` convention), so it is exported with
+``truncations[-1] = True``. An episode cut without that mark (a store written before, a writer
+the user closed mid-episode, a killed one; ``info()`` counts them as ``episodes_incomplete``)
+ends with ``terminations[-1] == truncations[-1] == False``, as in the store (a round trip of a
+Minari dataset stays exact).
 
 Spaces and env spec: taken from the arguments, else from what a Minari import recorded in the
 store's metadata (``minari_observation_space`` / ``minari_action_space``), else inferred from the

@@ -22,7 +22,8 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
     s = r.snapshot
     segs = sorted(r.segments.values(), key=lambda m: m.header.segment_id)
     transitions = 0
-    episodes = 0
+    ends = {"terminated": 0, "truncated": 0, "incomplete": 0}
+    flags = "terminated" in store.schema and "truncated" in store.schema
     size = store.layout.file_size
     for k, m in enumerate(segs):
         # counting reads every record's flags: the whole segment, in order. Read-ahead for the
@@ -32,7 +33,8 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         if mapped:
             r.region.advise(m.window, size, MADV_SEQUENTIAL)
         transitions += int(store.valid_transition_mask(k).sum())
-        episodes += int(r.is_last[m.window, : m.committed].sum())
+        if flags:
+            _count_episode_ends(store, k, ends)
         if mapped:
             r.region.advise(m.window, size, MADV_DONTNEED)
             r._advise(m)
@@ -48,7 +50,10 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "schema": [{"name": f.name, "dtype": str(f.dtype), "shape": list(f.shape)} for f in store.schema.fields],
         "rows": int(s.total_rows),
         "transitions": transitions,
-        "episodes": episodes,
+        "episodes": ends["terminated"] + ends["truncated"],
+        "episodes_terminated": ends["terminated"],
+        "episodes_truncated": ends["truncated"],
+        "episodes_incomplete": ends["incomplete"],
         "capacity": store.capacity,
         "segment_records": store.segment_records,
         "segments": len(segs),
@@ -66,6 +71,24 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
         "tiers": tier_summary(store),
     }
+
+
+def _count_episode_ends(store: ReplayStore, k: int, ends: dict[str, int]) -> None:
+    """Add the episodes whose last step lies in snapshot segment ``k``: terminated, truncated
+    (time limits, and runs that ended mid-episode), and incomplete (the next row of the lane is the
+    final observation but the step is neither: a writer killed, or a run stopped, mid-episode)."""
+    r, snap = store.reader, store.reader.snapshot
+    w, n = int(snap.windows[k]), int(snap.committed[k])
+    here_last = r.is_last[w, :n]
+    term = r.columns["terminated"][w, :n] & ~here_last
+    trunc = r.columns["truncated"][w, :n] & ~here_last & ~term
+    ends["terminated"] += int(term.sum())
+    ends["truncated"] += int(trunc.sum())
+    slot = np.arange(n)
+    ok, k2, s2 = r.successors(np.full_like(slot, k), slot)
+    next_last = np.zeros(n, np.bool_)
+    next_last[ok] = r.is_last[snap.windows[k2[ok]], s2[ok]]
+    ends["incomplete"] += int((next_last & ~here_last & ~term & ~trunc).sum())
 
 
 def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -221,6 +221,8 @@ def train_online(cfg: TrainConfig) -> TrainResult:
             if not explore.all():
                 actions = np.where(explore, actions, greedy_actions(learner.q, x, run.device))
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
+            if run.env_steps + n - int(autoreset.sum()) >= cfg.steps:  # the run ends here: running
+                truncated = truncated | ~(terminated | autoreset)      # episodes are cut (truncated)
             # DATA: the step goes into the store (the row after an episode's end is its final obs)
             if isinstance(obs, dict):
                 writer.add({**flatten_obs(obs), "action": actions, "reward": reward, "terminated": terminated,

@@ -44,9 +44,10 @@ def _stored(store) -> collections.Counter:
 @pytest.mark.parametrize("env", ["cartpole", "dict"])
 def test_store_holds_exactly_what_the_env_emitted(tmp_path, mode, env):
     _envs.EMITTED.clear()
+    _envs.LAST.clear()
     fn = _envs.recorded_cartpole if env == "cartpole" else _envs.recorded_dict_env
     res = collect(fn, tmp_path / "s", 600, workers=0, envs_per_worker=3, seed=4, autoreset_mode=mode, progress=False)
-    emitted = collections.Counter(_envs.EMITTED)
+    emitted = collections.Counter(_envs.emitted_as_stored())  # what the env emitted, the end's cuts marked
     with mmreplay.open_store(tmp_path / "s") as store:
         got = _stored(store)
         if env == "dict":
@@ -54,7 +55,7 @@ def test_store_holds_exactly_what_the_env_emitted(tmp_path, mode, env):
     assert got == emitted
     assert res.transitions == sum(emitted.values()) and res.steps == 600
     assert any(k[4] for k in emitted) and any(k[5] for k in emitted)  # both episode ends happened
-    assert res.episodes == sum(1 for k in _envs.EMITTED if k[4] or k[5])
+    assert res.episodes == sum(1 for k in _envs.emitted_as_stored() if k[4] or k[5])
 
 
 def test_workers_share_one_store_and_each_run_is_recorded(tmp_path):
@@ -320,3 +321,32 @@ def test_collect_segment_records_and_honest_sizes(tmp_path):
     r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(path), "--steps", "10", "--workers", "0",
                                   "--segment-records", "256"])
     assert r.exit_code == 1 and "segment_records" in r.output  # an existing store keeps its segment size
+
+
+@pytest.mark.parametrize("autoreset", ["next_step", "same_step"])
+def test_episodes_cut_by_the_end_of_a_collect_are_truncations(tmp_path, autoreset):
+    """The end of the run cuts every running episode: its last step is stored as truncated, so info's
+    episode count agrees with the collect summary and nothing is left incomplete."""
+    res = collect("CartPole-v1", tmp_path / "s", 4000, workers=0, envs_per_worker=4, seed=0, progress=False,
+                  autoreset_mode=autoreset)
+    with mmreplay.open_store(tmp_path / "s") as st:
+        info = st.info()
+    assert info["episodes_incomplete"] == 0
+    assert info["episodes"] == res.episodes == info["episodes_terminated"] + info["episodes_truncated"]
+    assert info["episodes_truncated"] >= 1  # CartPole has no time limit below 500 steps: the cut ones
+
+
+def test_info_counts_an_unmarked_cut_episode_as_incomplete(tmp_path, schema):
+    """A writer closed mid-episode (as every store was written before runs marked their end) leaves
+    an episode that ends neither terminated nor truncated: info counts it apart."""
+    from conftest import step
+
+    st = mmreplay.create_store(tmp_path / "s", schema, segment_records=8)
+    with st.writer(lanes=2) as w:
+        for t in range(9):
+            w.add(**step(2, t, term=[t == 3, False]))
+        w.close(last_obs=step(2, 9)["obs"])
+    info = st.info()
+    assert (info["episodes_terminated"], info["episodes_truncated"], info["episodes_incomplete"]) == (1, 0, 2)
+    assert info["episodes"] == 1
+    st.close()

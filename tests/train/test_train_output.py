@@ -65,3 +65,14 @@ def test_actors_stepping_past_the_end_evaluate_it_once(tmp_path):
     assert r.returncode == 0, r.stderr
     steps = _evals(run)
     assert len(steps) == 2 and steps[0] >= 300 and steps[1] >= 600, steps
+    with mmreplay.open_store(tmp_path / "s") as st:  # the actor marks the episodes the stop cuts, unless its
+        assert st.info()["episodes_incomplete"] <= 1   # last block was flushed at the samples-per-insert limit
+
+
+def test_online_run_marks_the_episodes_its_end_cuts(tmp_path):
+    r = _train(["CartPole-v1", "--store", tmp_path / "s", "--steps", "700", "--num-envs", "2", "--eval-episodes",
+                "0", "--learning-starts", "100", "--run-dir", tmp_path / "run", "-q"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    with mmreplay.open_store(tmp_path / "s") as st:
+        info = st.info()
+    assert info["episodes_incomplete"] == 0 and info["episodes_truncated"] >= 1
