@@ -13,7 +13,7 @@ import signal
 
 NAMES = ("after_payload", "after_stamps", "after_publish", "mid_seal", "after_fallocate", "before_rename",
          "mid_evict", "archive_before_commit",
-         "ingest_after_pending", "ingest_after_build")
+         "ingest_after_pending", "ingest_after_build", "catalog_torn_line", "catalog_after_departure")
 _SPEC = os.environ.get("MMREPLAY_FAILPOINT") or None
 _POINT, _, _COUNT = (_SPEC or "").partition(":")
 _LEFT = [int(_COUNT) if _COUNT else 1]

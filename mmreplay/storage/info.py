@@ -64,6 +64,8 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "bytes_used": int(s.total_rows) * (store.layout.record_bytes + STAMP_DTYPE.itemsize),
         "writers": writers,
         "evicted_segments": int(stats.get("evicted_segments", 0)),
+        "evictions": store.catalog.read().evicted,  # by reason: capacity, disk (since the catalog existed)
+        "lost_segments": store.lost_segments(),
         "unreadable_segments": dict(r.skipped),
         "metadata": store.metadata,
         "provenance": store.provenance(),

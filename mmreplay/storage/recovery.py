@@ -145,6 +145,7 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
         for i, (_, name, usable, _) in enumerate(chain):
             path = store.segments_dir / name
             if cut:
+                store.catalog.departed(name, "removed", "recovery")  # rows past a cut: not durable, dropped
                 _remove(path)
                 report.dropped[name] = report.dropped.get(name, 0) + store.segment_state(path)[1]
                 report.cleaned.append(name)
@@ -205,6 +206,7 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
         if parse_segment_name(name) and _never_written(store.segments_dir / name):
             # created but its header never reached the disk (power loss right after creation,
             # before any row of it was synced): an unfinished creation, like a .tmp file
+            store.catalog.departed(name, "removed", "recovery")
             (store.segments_dir / name).unlink(missing_ok=True)
             report.cleaned.append(name)
     writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})

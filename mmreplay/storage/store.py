@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..core.version import __version__
-from ..core import failpoint as _failpoint
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_OPEN, STATE_SEALED, Layout, read_control
 from ..core.fs import atomic_write, fsync_dir, writable_error
 from .locks import FileLock
@@ -43,7 +42,6 @@ from ..core.errors import (
     SchemaError,
     StoreClosedError,
     StoreExistsError,
-    StoreFullError,
 )
 from .manifest import (
     COUNTERS,
@@ -59,7 +57,8 @@ from .manifest import (
 from .reader import StoreReader
 from ..core.schema import Schema
 from .segment import parse_segment_name
-from .locks import LOCK_NAMES
+from .catalog import Catalog
+from .locks import ALLOC, LOCK_NAMES
 
 if TYPE_CHECKING:
     from .writer import Durability, Writer
@@ -181,6 +180,7 @@ class ReplayStore:
         self.layout = Layout.of(self.schema, self.segment_records)
         self.segments_dir = path / "segments"
         self.locks_dir = path / "locks"
+        self.catalog = Catalog(path)  # recovery below records what it removes
         self._pid = os.getpid()
         self._writers: list[Writer] = []
         if mode == "a":
@@ -198,6 +198,7 @@ class ReplayStore:
         self._need_scan = False  # a writer of this handle made a segment
         self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
         self.reader.refresh()
+        self._check_catalog()
 
     # -- lifecycle ------------------------------------------------------------------------
     def _check(self) -> None:
@@ -273,59 +274,39 @@ class ReplayStore:
         return value
 
     def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0) -> list[int]:
-        """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held).
+        """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held);
+        see :func:`mmreplay.storage.eviction.evict_for_new_segment`."""
+        from .eviction import evict_for_new_segment
 
-        Rows held are the published rows of every segment, open ones included: then, with each
-        writer calling this (through its next segment) once per segment and publishing first,
-        a store holds at most ``capacity`` + one segment + one segment per writer.
+        return evict_for_new_segment(self, self._sealed_rows, force_one=force_one, pending_rows=pending_rows)
 
-        ``force_one`` deletes exactly the oldest sealed segment whatever the capacity (used
-        when the disk is full and ``on_full='evict'``). ``pending_rows``: rows of segments made
-        for one batch and not written yet (a batch spanning segments counts as held, so
-        ``on_full='error'`` refuses it before any of it is written).
-        """
-        sealed: list[tuple[int, str, int]] = []
-        held = pending_rows
-        names = sorted(os.listdir(self.segments_dir))
-        known = self._sealed_rows  # a sealed segment never changes: its control page is read once
-        for gone in known.keys() - set(names):
-            del known[gone]
-        for name in names:
-            parsed = parse_segment_name(name)
-            if parsed is None:
-                continue
-            committed = known.get(name)
-            if committed is None:
-                state, committed, _ = self.segment_state(self.segments_dir / name)
-                if state == STATE_SEALED:
-                    known[name] = committed
-            held += committed  # open segments' published rows count too (they cannot be evicted yet)
-            if name in known:
-                sealed.append((parsed[0], name, committed))
-        if self.on_full == "error" and not sealed and pending_rows > self.capacity:
-            raise StoreFullError(f"{self.path} would hold {pending_rows} rows from one batch, capacity {self.capacity}, "
-                                 "and on_full='error'")
-        evicted: list[int] = []
-        for sid, name, committed in sealed:
-            if force_one and evicted:
-                break
-            if held - committed < self.capacity and not force_one:
-                break
-            if self.on_full == "error":
-                raise StoreFullError(f"{self.path} holds {held} rows, capacity {self.capacity}, and on_full='error'")
-            doomed = self.segments_dir / (name + ".deleted")
-            os.rename(self.segments_dir / name, doomed)
-            if _failpoint.ACTIVE:
-                _failpoint.hit("mid_evict")
-            doomed.unlink()
-            known.pop(name, None)
-            held -= committed
-            evicted.append(sid)
-        if evicted:
-            fsync_dir(self.segments_dir)
-            self._bump_stat("evicted_segments", len(evicted))
-            log.debug("evicted segments %s from %s", evicted, self.path)
-        return evicted
+    def _check_catalog(self) -> None:
+        """Catalogue sealed segments not in the catalog yet (writable handles), and warn once
+        about segments the catalog expects whose files are gone."""
+        if self.mode == "a":
+            self.catalog_sealed({m.name: m.committed for m in self.reader.segments.values() if m.state == STATE_SEALED})
+        lost = self.lost_segments()
+        if lost:
+            log.warning("%s: %d segment file(s) lost, %d rows: %s (not evicted; run `mmreplay verify`)", self.path,
+                        len(lost), sum(lost.values()), ", ".join(sorted(lost)))
+
+    def catalog_sealed(self, segments: dict[str, int]) -> None:
+        """Catalogue sealed segments (name -> rows) under ``alloc.lock``, the eviction lock, and only
+        those whose files are there: a segment evicted meanwhile is never catalogued back to life."""
+        lock = self.lock(ALLOC)
+        lock.acquire(exclusive=True, blocking=True)
+        try:
+            present = set(os.listdir(self.segments_dir))
+            self.catalog.sealed_many({n: r for n, r in segments.items() if n in present})
+        finally:
+            lock.release()
+
+    def lost_segments(self) -> dict[str, int]:
+        """Segments the catalog lists as sealed and never evicted or quarantined whose files are
+        gone: name -> rows lost."""
+        if not self.catalog.path.exists():
+            return {}
+        return self.catalog.lost(set(os.listdir(self.segments_dir)))
 
     def sealed_segment_rows(self) -> dict[str, int]:
         """Row counts of the sealed segments this handle remembers for eviction (a copy; a
@@ -342,7 +323,8 @@ class ReplayStore:
         control, _ = read_control(buf)
         return (control.state, control.committed, control.synced) if control else (STATE_OPEN, 0, 0)
 
-    def _bump_stat(self, key: str, n: int) -> None:
+    def bump_stat(self, key: str, n: int) -> None:
+        """Add ``n`` to counter ``key`` of ``stats.json`` (evictions)."""
         path = self.path / "stats.json"
         try:
             stats = json.loads(path.read_text())

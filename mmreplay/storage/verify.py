@@ -5,7 +5,8 @@ mapping), the name against the header, the control slots, and the rows: every co
 stamps and crc32c up to the committed count (``fast=True`` checks only the crc over the stamp
 column recorded at seal). An OPEN segment whose writer is alive is checked up to its committed
 count; one whose writer is dead is reported as needing recovery. Leftover ``.tmp`` and
-``.deleted`` files are reported. Verification takes no locks and writes nothing.
+``.deleted`` files are reported, and so is every segment the catalog (``catalog.py``) lists as
+sealed and never evicted whose file is gone. Verification takes no locks and writes nothing.
 
 ``repair`` takes the admin lock (no writer may be active), runs recovery (dead writers' open
 segments are cut back to their valid prefix and sealed, leftovers removed) and quarantines every
@@ -58,6 +59,9 @@ def verify_store(store: ReplayStore, *, fast: bool = False) -> list[Problem]:
             problems.append(Problem(name, None, "not a segment file name"))
             continue
         problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast))
+    for name, rows in sorted(store.lost_segments().items()):
+        problems.append(Problem(name, None, f"lost: the catalog lists it sealed with {rows} rows, and its file is "
+                                            "gone (it was not evicted)"))
     return problems
 
 
@@ -106,9 +110,13 @@ def repair_store(store: ReplayStore) -> tuple[list[str], list[Problem]]:
         actions += [f"removed {n}" for n in report.cleaned]
         actions += [f"recovered {n}: kept {k} rows" + (f", dropped {report.dropped[n]}" if n in report.dropped else "")
                     for n, k in report.recovered.items()]
+        for name, rows in sorted(store.lost_segments().items()):  # nothing brings them back: acknowledge
+            store.catalog.departed(name, "removed")
+            actions.append(f"acknowledged the loss of {name} ({rows} rows): its file is gone")
         for problem in verify_store(store):
             src = store.segments_dir / problem.file
             if src.exists() and parse_segment_name(problem.file):
+                store.catalog.departed(problem.file, "quarantined")  # before the file goes
                 src.rename(src.with_name(src.name + ".corrupt"))
                 actions.append(f"quarantined {problem.file} as {problem.file}.corrupt ({problem.reason})")
         return actions, verify_store(store)

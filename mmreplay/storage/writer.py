@@ -484,12 +484,12 @@ class Writer:
         self._n = self._synced = self._pub = 0
         self.store._need_scan = True
 
-    def _seal(self, seg: Segment) -> None:
-        """Mark the (published) segment SEALED: immutable from now on, evictable."""
+    def _seal(self, seg: Segment) -> None:  # SEALED: immutable from now on, evictable, catalogued
         seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: self._n * 16])
         if _failpoint.ACTIVE:
             _failpoint.hit("mid_seal")
         seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)
+        self.store.catalog_sealed({seg.path.name: self._n})  # from now on its file missing is a loss
 
     def _wait_syncs(self) -> None:
         try:

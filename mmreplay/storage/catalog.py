@@ -1,0 +1,149 @@
+"""The segment catalog: every segment the store sealed, and how each one left.
+
+``CATALOG.log`` in the store directory is append-only, one JSON line per event, each with its
+own crc32c::
+
+    {"e": "sealed", "seg": "0000000000003-w001.seg", "rows": 4096, "crc": ...}
+    {"e": "evicted", "seg": "0000000000003-w001.seg", "why": "capacity", "crc": ...}   # or "disk"
+    {"e": "quarantined", "seg": "...", "crc": ...}
+
+A segment the catalog lists as sealed and not gone, whose file is missing, is **lost** (not
+evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:
+
+* A departure is written (and fsynced) *before* the file is renamed away, so a kill -9 between
+  the two never makes an eviction look like a loss; a segment is catalogued when its writer
+  seals it, and any sealed file not yet catalogued (sealed by recovery, copied in by an import
+  or ingestion, or written before the catalog existed) when an eviction pass, a writable open
+  or ``verify`` sees it.
+* Each event is one ``write`` of one line on an ``O_APPEND`` descriptor (atomic between
+  processes on a local filesystem) followed by ``fsync``. A line torn by a crash fails its crc
+  and is ignored; the segment it named is catalogued again by the next pass that sees it.
+* Readers that cannot write (``mode="r"``, a read-only mount) only read the catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crc32c import crc32c
+
+from ..core import failpoint as _failpoint
+
+__all__ = ["CATALOG", "Catalog", "CatalogState"]
+
+CATALOG = "CATALOG.log"
+DEPARTURES = ("evicted", "quarantined", "removed")
+
+
+@dataclass(slots=True)
+class CatalogState:
+    """What the catalog says: sealed segments still expected (name -> rows), and departures."""
+
+    live: dict[str, int] = field(default_factory=dict)
+    evicted: dict[str, int] = field(default_factory=dict)
+    """Evictions by reason (``capacity``, ``disk``)."""
+    quarantined: list[str] = field(default_factory=list)
+    torn_lines: int = 0
+
+
+def _line(event: dict[str, object]) -> bytes:
+    body = json.dumps(event, sort_keys=True, separators=(",", ":"))
+    return json.dumps({**event, "crc": crc32c(body.encode())}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def _parse(raw: bytes) -> dict[str, object] | None:
+    try:
+        event = json.loads(raw)
+        crc = event.pop("crc")
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return None
+    body = json.dumps(event, sort_keys=True, separators=(",", ":"))
+    return event if crc == crc32c(body.encode()) else None
+
+
+class Catalog:
+    """The catalog of one store directory (cheap to make; reads the file on demand)."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.path = Path(store_dir) / CATALOG
+        self._known: set[str] | None = None  # segments this handle saw catalogued as sealed
+
+    def read(self) -> CatalogState:
+        """Replay the log (lines that fail their crc are counted and skipped)."""
+        state = CatalogState()
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            self._known = set()
+            return state
+        for raw in data.splitlines():
+            if not raw.strip():
+                continue
+            event = _parse(raw)
+            if event is None:
+                state.torn_lines += 1
+                continue
+            seg, kind = str(event.get("seg")), event.get("e")
+            if kind == "sealed":
+                state.live[seg] = int(event.get("rows", 0))  # type: ignore[call-overload]
+            elif kind in DEPARTURES:
+                state.live.pop(seg, None)
+                if kind == "evicted":
+                    why = str(event.get("why", "capacity"))
+                    state.evicted[why] = state.evicted.get(why, 0) + 1
+                elif kind == "quarantined":
+                    state.quarantined.append(seg)
+        self._known = set(state.live)
+        return state
+
+    def _append(self, event: dict[str, object], more: bytes = b"") -> None:
+        line = _line(event) + more
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # end a line a crash tore, so this one parses on its own
+            if _failpoint.ACTIVE and event["e"] == "sealed":
+                os.write(fd, line[: len(line) // 2])  # a torn line, as a crash mid-write leaves it
+                _failpoint.hit("catalog_torn_line")
+                os.write(fd, line[len(line) // 2 :])
+            else:
+                os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sealed(self, name: str, rows: int) -> None:
+        """Record that segment ``name`` was sealed with ``rows`` committed rows (once per handle)."""
+        self.sealed_many({name: rows})
+
+    def sealed_many(self, segments: dict[str, int]) -> None:
+        """Record every sealed segment of ``segments`` (name -> rows) not catalogued yet, with one
+        write and one fsync (a store opened for the first time since the catalog existed)."""
+        if self._known is None:
+            self.read()
+        assert self._known is not None
+        new = [(n, r) for n, r in sorted(segments.items()) if n not in self._known]
+        if not new:
+            return
+        events = [{"e": "sealed", "seg": n, "rows": int(r)} for n, r in new]
+        self._append(events[0], b"".join(_line(e) for e in events[1:]))
+        self._known.update(n for n, _ in new)
+
+    def departed(self, name: str, event: str, why: str | None = None) -> None:
+        """Record, before the file goes, that segment ``name`` leaves: ``evicted`` (``why``:
+        ``capacity`` or ``disk``), ``quarantined`` or ``removed``."""
+        assert event in DEPARTURES
+        self._append({"e": event, "seg": name, **({"why": why} if why else {})})
+        if _failpoint.ACTIVE and event == "evicted":
+            _failpoint.hit("catalog_after_departure")
+        if self._known is not None:
+            self._known.discard(name)
+
+    def lost(self, present: set[str]) -> dict[str, int]:
+        """Segments the catalog expects (sealed, never departed) whose files are not in ``present``:
+        name -> rows lost."""
+        return {name: rows for name, rows in self.read().live.items() if name not in present}

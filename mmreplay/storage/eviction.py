@@ -1,0 +1,81 @@
+"""Eviction: which sealed segments go when a new one is made (capacity kept, Kafka-style retention).
+
+Invariants: only sealed segments are evicted, oldest first, never an open one; a departure is in
+the catalog (``catalog.py``) before its file is renamed away; the caller holds ``alloc.lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from ..core import failpoint as _failpoint
+from ..core.errors import StoreFullError
+from ..core.fs import fsync_dir
+from .format import STATE_SEALED
+from .segment import parse_segment_name
+
+if TYPE_CHECKING:
+    from .store import ReplayStore
+
+log = logging.getLogger(__name__)
+
+
+def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_one: bool = False,
+                          pending_rows: int = 0) -> list[int]:
+    """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held).
+
+    Rows held are the published rows of every segment, open ones included: then, with each
+    writer calling this (through its next segment) once per segment and publishing first,
+    a store holds at most ``capacity`` + one segment + one segment per writer.
+
+    ``force_one`` deletes exactly the oldest sealed segment whatever the capacity (used
+    when the disk is full and ``on_full='evict'``). ``pending_rows``: rows of segments made
+    for one batch and not written yet (a batch spanning segments counts as held, so
+    ``on_full='error'`` refuses it before any of it is written).
+    """
+    sealed: list[tuple[int, str, int]] = []
+    held = pending_rows
+    names = sorted(os.listdir(store.segments_dir))
+    # known: this handle's memory of sealed segments' rows (immutable: each control page is read once)
+    for gone in known.keys() - set(names):
+        del known[gone]
+    for name in names:
+        parsed = parse_segment_name(name)
+        if parsed is None:
+            continue
+        committed = known.get(name)
+        if committed is None:
+            state, committed, _ = store.segment_state(store.segments_dir / name)
+            if state == STATE_SEALED:
+                known[name] = committed
+                store.catalog.sealed(name, committed)  # sealed by recovery, an import, or before the catalog
+        held += committed  # open segments' published rows count too (they cannot be evicted yet)
+        if name in known:
+            sealed.append((parsed[0], name, committed))
+    if store.on_full == "error" and not sealed and pending_rows > store.capacity:
+        raise StoreFullError(f"{store.path} would hold {pending_rows} rows from one batch, capacity {store.capacity}, "
+                             "and on_full='error'")
+    evicted: list[int] = []
+    for sid, name, committed in sealed:
+        if force_one and evicted:
+            break
+        if held - committed < store.capacity and not force_one:
+            break
+        if store.on_full == "error":
+            raise StoreFullError(f"{store.path} holds {held} rows, capacity {store.capacity}, and on_full='error'")
+        store.catalog.departed(name, "evicted", "disk" if force_one else "capacity")  # before the file goes
+        doomed = store.segments_dir / (name + ".deleted")
+        os.rename(store.segments_dir / name, doomed)
+        if _failpoint.ACTIVE:
+            _failpoint.hit("mid_evict")
+        doomed.unlink()
+        known.pop(name, None)
+        held -= committed
+        evicted.append(sid)
+    if evicted:
+        fsync_dir(store.segments_dir)
+        store.bump_stat("evicted_segments", len(evicted))
+        log.debug("evicted segments %s from %s", evicted, store.path)
+    return evicted

@@ -1,0 +1,87 @@
+"""The segment catalog: a lost segment is not an eviction, evictions say why, and the catalog
+survives kill -9 at any point of its own updates."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _children import SCHEMA
+from click.testing import CliRunner
+
+import mmreplay
+from mmreplay.cli.main import main
+from mmreplay.storage.catalog import Catalog
+
+CHILD = str(Path(__file__).resolve().parents[1] / "_children.py")
+
+
+def _write(path: Path, key: int, rows: int, failpoint: str | None = None) -> int:
+    env = {**os.environ, "MMREPLAY_FAILPOINT": failpoint or ""}
+    out = subprocess.run([sys.executable, CHILD, "writer", str(path), str(key), str(rows)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    return out.returncode
+
+
+@pytest.fixture
+def filled(tmp_path) -> Path:
+    mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=10_000, segment_records=16).close()
+    assert _write(tmp_path / "s", 1, 80) == 0  # 5 sealed segments
+    return tmp_path / "s"
+
+
+def test_a_deleted_segment_is_lost_not_evicted(filled, caplog):
+    victim = sorted((filled / "segments").iterdir())[1]
+    victim.unlink()
+    with caplog.at_level(logging.WARNING), mmreplay.open_store(filled) as st:  # open_store warns
+        assert st.lost_segments() == {victim.name: 16}
+        info = st.info()
+    assert victim.name in caplog.text and "lost" in caplog.text
+    assert info["lost_segments"] == {victim.name: 16} and info["evicted_segments"] == 0
+    r = CliRunner().invoke(main, ["verify", str(filled)])
+    assert r.exit_code == 1 and f"{victim.name}: lost" in r.output and "16 rows" in r.output
+    r = CliRunner().invoke(main, ["verify", str(filled), "--repair"])
+    assert f"acknowledged the loss of {victim.name} (16 rows)" in r.output and r.exit_code == 0
+    assert CliRunner().invoke(main, ["verify", str(filled)]).exit_code == 0  # acknowledged: no longer a problem
+
+
+def test_truncated_and_empty_segment_files_are_reported_by_name(filled):
+    a, b = sorted((filled / "segments").iterdir())[:2]
+    with open(a, "r+b") as fh:
+        fh.truncate(a.stat().st_size // 2)
+    b.write_bytes(b"")
+    r = CliRunner().invoke(main, ["verify", str(filled)])
+    assert r.exit_code == 1 and a.name in r.output and b.name in r.output
+
+
+def test_evictions_are_recorded_with_their_reason(tmp_path):
+    mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=32, segment_records=16).close()
+    assert _write(tmp_path / "s", 1, 120) == 0
+    with mmreplay.open_store(tmp_path / "s", mode="a") as st:
+        assert st.info()["evictions"].get("capacity", 0) >= 3 and st.lost_segments() == {}
+        st.evict_for_new_segment(force_one=True)  # what a full disk does with on_full="evict"
+        assert st.info()["evictions"]["disk"] == 1 and st.lost_segments() == {}
+    assert "for capacity" in CliRunner().invoke(main, ["info", str(tmp_path / "s")]).output
+
+
+@pytest.mark.parametrize("point", ["catalog_torn_line", "catalog_after_departure"])
+def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
+    """Killed with a half-written catalog line, or between an eviction's catalog line and its
+    rename: no segment reads as lost, and the catalog stays readable and complete."""
+    mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=32, segment_records=16).close()
+    assert _write(tmp_path / "s", 1, 200, failpoint=point) == -9
+    assert _write(tmp_path / "s", 2, 40) == 0  # the next writer recovers, seals, catalogues, evicts
+    with mmreplay.open_store(tmp_path / "s", mode="a") as st:
+        assert st.lost_segments() == {} and st.verify() == []
+        state = Catalog(tmp_path / "s").read()
+        sealed_files = {p.name for p in (tmp_path / "s" / "segments").iterdir()}
+        assert sealed_files <= set(state.live)  # every present segment is catalogued
+    if point == "catalog_torn_line":
+        assert state.torn_lines == 1
+        lines = (tmp_path / "s" / "CATALOG.log").read_bytes().splitlines()
+        assert all(json.loads(ln) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
