@@ -63,6 +63,7 @@ from .format import STATE_SEALED, group_seed
 from ._supply import SegmentSupply
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
+from ._publisher import publisher_loop
 from .segment import Segment
 from .locks import ADMIN
 
@@ -150,8 +151,8 @@ class Writer:
         self._wake = threading.Event()  # set while rows wait for the publisher (under the mutex)
         self._publisher: threading.Thread | None = None
         if self._pub_rows > 1:
-            self._publisher = threading.Thread(target=self._publisher_loop, name=f"mmreplay-publish-w{self.writer_id}",
-                                               daemon=True)
+            self._publisher = threading.Thread(target=publisher_loop, args=(self,), daemon=True,
+                                               name=f"mmreplay-publish-w{self.writer_id}")
             self._publisher.start()
         # a step as it usually comes (exact dtypes, shapes) is checked without copies; fields in
         # record order and where is_last sits among them (a single row is one structured record)
@@ -165,6 +166,7 @@ class Writer:
              and self.lanes * int(np.prod(f.shape)) <= 64 else 0)
             for f in self.schema.fields if f.dtype.kind in "fc"]
         self._nfields = len(self.schema.names)
+        self._zero_record = np.zeros((), self.layout.record_dtype)
         self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
         atexit.register(self._atexit)
         try:  # the first segment is made now, not on the append path; the next one in the background
@@ -291,41 +293,17 @@ class Writer:
         if self._failed is not None:
             raise WriterFailedError(f"writer {self.writer_id} failed earlier: {self._failed!r}")
 
-    def _publisher_loop(self) -> None:
-        """Publish rows left unpublished for ``publish_interval_s``. The thread sleeps until rows are
-        staged (``_wake``), never on a timer: waking every few ms cost a CPU-bound actor loop ~10%
-        (GIL handoffs; CartPole, ``python benchmarks/collect.py`` when this was written)."""
-        interval = self.publish_interval_s
-        while not self._stop.is_set():  # close() sets _stop, then _wake: a clear below cannot lose it
-            self._wake.wait()
-            if self._stop.is_set():
-                return
-            delay = self._staged_at + interval - time.monotonic()
-            if delay > 0 and self._stop.wait(delay):
-                return
-            with self._mutex:
-                if self._closed or self._failed is not None:
-                    return
-                if self._seg is None or self._n == self._pub:
-                    self._wake.clear()  # published by an add meanwhile: sleep until rows are staged again
-                elif time.monotonic() - self._staged_at >= interval:
-                    try:
-                        self._publish()
-                    except BaseException as exc:  # pragma: no cover - I/O failure
-                        self._failed = exc
-                        return
-                    self._wake.clear()
-
-    def _exact(self, data: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """``data`` if it is one step exactly as stored (every field, exact dtypes and shapes,
-        finite floats), else ``None``: the schema's full validation then handles or explains it."""
+    def _exact(self, data: Mapping[str, Any], floats: bool) -> Mapping[str, Any] | None:
+        """``data`` if it is one step exactly as stored (every field, exact dtypes and shapes, and
+        with ``floats`` finite floats), else ``None``: the schema's full validation then handles
+        or explains it. Without ``floats`` the caller checks the copied rows' float runs."""
         if len(data) != self._nfields:
             return None
         for name, dtype, shape in self._step_specs:
             x = data.get(name)
             if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
                 return None
-        for name, single, small in self._float_checks:
+        for name, single, small in self._float_checks if floats else ():
             # a non-finite value makes the sum non-finite; a finite sum that overflowed only
             # sends the step to the exact check of the full validation
             x = data[name]
@@ -340,7 +318,19 @@ class Writer:
         if self._pid != _PID[0] or self._closed or self._failed is not None:
             self._check()
         L = self.lanes
-        arrays = self._exact(data) if step else None
+        # a step that fits the open segment is copied first and its float runs checked in place
+        # (one reduction per run; unpublished and zeroed if one fails); others are checked first
+        post = step and L > 1 and bool(self._float_checks) and self._seg is not None and self._n + L <= self.usable
+        arrays = self._exact(data, not post) if step else None
+        if post and arrays is not None:
+            with self._mutex:
+                try:
+                    self._write(arrays, self._prev_done, L, post=True)
+                    if self._has_done:
+                        self._prev_done = arrays["terminated"] | arrays["truncated"]
+                    return
+                except _NonFinite:
+                    arrays = None  # the full validation explains it (error), or warns / lets it pass
         T = 1
         if arrays is None:
             arrays, got = self.schema.validate_batch(data, (L,) if step else None, cast=self.cast,
@@ -388,8 +378,10 @@ class Writer:
             self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)
             self._prev_done = np.zeros(self.lanes, np.bool_)
 
-    def _write(self, flat: Mapping[str, np.ndarray], is_last: np.ndarray, rows: int) -> None:
-        """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex."""
+    def _write(self, flat: Mapping[str, np.ndarray], is_last: np.ndarray, rows: int, post: bool = False) -> None:
+        """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex.
+        ``post``: rows that fit the open segment whose floats are checked once copied (``_NonFinite``
+        leaves them uncounted and zeroed)."""
         # allocate every segment this batch needs before writing a byte of it
         free = self.usable - self._n if self._seg is not None else 0
         if rows > free:
@@ -413,13 +405,17 @@ class Writer:
                     for name, x in flat.items():
                         cols[name][n : n + k] = x if whole else x[pos : pos + k]
                     seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
+                    if post and not all(math.isfinite(float(np.add.reduce(r[n : n + k], axis=None, dtype=np.float64)))
+                                        for r in seg.float_runs):
+                        seg.records[n : n + k] = self._zero_record  # never counted, never published
+                        raise _NonFinite
                 self._n = n + k
                 pos += k
                 if _failpoint.ACTIVE:
                     _failpoint.hit("after_payload")
                 self._after_write(seg)
         except BaseException as exc:
-            if not isinstance(exc, (KeyboardInterrupt, SchemaError)):
+            if not isinstance(exc, (KeyboardInterrupt, SchemaError, _NonFinite)):
                 self._failed = exc
             raise
 
@@ -498,3 +494,6 @@ class Writer:
             self._failed = exc
             raise
 
+
+class _NonFinite(Exception):
+    """A copied step holds a non-finite float: it goes through the full validation instead."""
