@@ -145,7 +145,7 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
     """
     from dataclasses import replace
 
-    from mmreplay.train import TrainConfig, atari_config, default_run_dir, resume_config, train
+    from mmreplay.train import TrainConfig, atari_config, default_run_dir, resume_config
 
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -161,6 +161,12 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             cfg = resume_config(run_dir, **given)
         else:
             cfg = atari_config(**given) if given.get("atari") else TrainConfig(**given)
+        from mmreplay.agent.envs import check_env_id
+
+        for env in {cfg.env_id, cfg.eval_env} - {None}:
+            check_env_id(env)  # a typo fails here, before torch loads or anything is made
+        from mmreplay.train import train
+
         result = train(cfg)
     except (ValueError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
         if describe(exc) is not None:

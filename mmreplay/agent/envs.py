@@ -68,6 +68,15 @@ def make_env(
             env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=terminal_on_life_loss,
             grayscale_obs=True, scale_obs=False,
         )
+    check_env_id(env_id)
+    return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise gymnasium's error (with its "did you mean") for an unknown id, or an ``ImportError``
+    naming the extra to install, without making the env (registers ALE / MinAtar ids first)."""
+    import gymnasium as gym
+
     if env_id.startswith("ALE/"):
         _register_ale()
     if env_id.startswith("MinAtar/") and env_id not in gym.registry:
@@ -76,7 +85,7 @@ def make_env(
         except ImportError as exc:  # pragma: no cover - depends on the extra
             raise ImportError("MinAtar environments need the minatar package: pip install 'mmreplay[minatar]'") from exc
         register_envs()
-    return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+    gym.spec(env_id)
 
 
 def _autoreset(mode: str) -> Any:
