@@ -78,7 +78,13 @@ class SegmentSupply:
     def _collect(self) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._ready.append(pending.result())
+            try:
+                self._ready.append(pending.result())
+            except DiskFullError:
+                # made ahead of need on a full disk: not an error yet. ``ensure`` makes it again when
+                # the current segment is actually full (space may have been freed meanwhile), and
+                # raises only then; its chain index is reused, so the session's chain has no gap
+                self._next_chain -= 1
 
     @property
     def idle(self) -> bool:
@@ -92,7 +98,7 @@ class SegmentSupply:
         if self._allocator is None:
             self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
         self._pending = self._allocator.submit(self._make, self._next_chain)
-        self._next_chain += 1
+        self._next_chain += 1  # given back by _collect if that segment cannot be made
 
     def ensure(self, count: int) -> None:
         """Have ``count`` segments ready (raises ``DiskFullError`` before anything is written)."""

@@ -197,3 +197,24 @@ def test_close_tolerates_another_process_finishing_a_spare_deletion(store, monke
     w.close()
     monkeypatch.undo()
     assert store.num_rows == store.segment_records // 2 and not list((store.path / "segments").glob("*.deleted"))
+
+
+def test_a_spare_that_cannot_be_made_is_retried_when_it_is_needed(tmp_path, schema, monkeypatch):
+    """A full disk when the next segment is made ahead of need is not the writer's error: it keeps
+    filling the segment it has, and the segment is made again when it is actually needed."""
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=32)
+    w = s.writer(lanes=1)
+    real = os.posix_fallocate
+    monkeypatch.setattr(os, "posix_fallocate", _enospc)
+    for t in range(20):  # past half: the spare is ordered, and fails in the background
+        w.add(**step(1, t))
+    assert w.stats()["next_segment_ordered"]
+    w.flush()  # the failed spare is looked at only when a segment is needed
+    monkeypatch.setattr(os, "posix_fallocate", real)  # space is back before the segment is full
+    for t in range(20, 70):
+        w.add(**step(1, t))
+    w.close()
+    assert s.num_rows == 70 and s.verify() == []
+    chains = sorted(mmreplay.open_store(s.path).info()["rows_per_writer"].items())
+    assert chains == [("0", 70)]
+    s.close()
