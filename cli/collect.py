@@ -98,6 +98,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
                f"{result.bytes_written / 2**20:,.1f} MiB of rows; seed {result.seed}; store {store}: "
                f"{allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
+    _disk_pressure(store)
     if ray_address is not None:
         restarts = sum(result.restarts.values())
         click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"
@@ -109,3 +110,14 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
         sys.exit(130)
     if result.errors:
         sys.exit(1)
+
+
+def _disk_pressure(store: str) -> None:
+    """One line when a full disk made the store evict below its capacity (the catalog says so)."""
+    from mmreplay.storage.catalog import Catalog
+
+    evicted = Catalog(store).read().evicted.get("disk", 0)
+    if evicted:
+        click.echo(f"warning: the disk was full: {evicted} segment(s) were evicted to make room, so the store "
+                   f"holds fewer rows than its capacity (free disk space, or collect with a smaller --capacity)",
+                   err=True)

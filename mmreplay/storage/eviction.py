@@ -78,4 +78,9 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
         fsync_dir(store.segments_dir)
         store.bump_stat("evicted_segments", len(evicted))
         log.debug("evicted segments %s from %s", evicted, store.path)
+        if force_one and not store._warned_disk_full:  # once per store handle
+            store._warned_disk_full = True
+            log.warning("%s: the disk is full: the oldest segment was evicted to make room, so the store holds "
+                        "fewer rows than its capacity (%s); `mmreplay info` counts these evictions", store.path,
+                        f"{store.capacity:,}")
     return evicted

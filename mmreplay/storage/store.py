@@ -197,6 +197,7 @@ class ReplayStore:
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
         self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
+        self._warned_disk_full = False  # eviction warns once per handle when a full disk evicts
         self.reader.refresh()
         self._check_catalog()
 

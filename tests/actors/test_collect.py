@@ -350,3 +350,13 @@ def test_info_counts_an_unmarked_cut_episode_as_incomplete(tmp_path, schema):
     assert (info["episodes_terminated"], info["episodes_truncated"], info["episodes_incomplete"]) == (1, 0, 2)
     assert info["episodes"] == 1
     st.close()
+
+
+def test_collect_summary_says_when_a_full_disk_evicted(tmp_path):
+    path = tmp_path / "s"
+    collect("CartPole-v1", path, 600, workers=0, seed=0, progress=False, segment_records=128)
+    with mmreplay.open_store(path, mode="a") as st:
+        assert st.evict_for_new_segment(force_one=True)  # what the writer does when the disk is full
+    r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(path), "--steps", "100", "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    assert "the disk was full: 1 segment(s) were evicted" in r.output

@@ -85,3 +85,38 @@ def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
         assert state.torn_lines == 1
         lines = (tmp_path / "s" / "CATALOG.log").read_bytes().splitlines()
         assert all(json.loads(ln) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
+
+
+def test_a_full_disk_is_said_out_loud(tmp_path, caplog, monkeypatch):
+    """Evicting for disk space warns once, is counted apart in info, and collect's summary says the
+    store holds less than its capacity."""
+    import errno
+
+    mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=10_000, segment_records=16).close()
+    assert _write(tmp_path / "s", 1, 80) == 0
+    st = mmreplay.open_store(tmp_path / "s", mode="a")
+    w = st.writer(lanes=1)
+    w.release_spares()
+    real, calls = os.posix_fallocate, [0]
+
+    def full_once(*args):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args)
+
+    monkeypatch.setattr(os, "posix_fallocate", full_once)
+    from _children import content  # rows the deterministic writer would write
+    import numpy as np
+
+    with caplog.at_level(logging.WARNING):
+        for seq in range(40):  # a roll: the first allocation fails, the oldest segment goes, the retry works
+            w.add(obs=np.array([[2, seq, content(2, seq)]], np.float32), action=np.array([seq]),
+                  reward=np.array([2], np.float32), terminated=np.array([False]), truncated=np.array([False]))
+    monkeypatch.undo()
+    w.close()
+    assert caplog.text.count("the disk is full") == 1
+    assert st.info()["evictions"] == {"disk": 1} and st.lost_segments() == {}
+    st.close()
+    r = subprocess.run([sys.executable, "-m", "mmreplay", "info", str(tmp_path / "s")], capture_output=True, text=True)
+    assert "1 for disk" in r.stdout
