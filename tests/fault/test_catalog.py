@@ -3,6 +3,7 @@ survives kill -9 at any point of its own updates."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -10,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from _children import SCHEMA
+from _children import SCHEMA, content
 from click.testing import CliRunner
 
 import mmreplay
@@ -88,9 +90,7 @@ def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
 
 
 def test_a_full_disk_is_said_out_loud(tmp_path, caplog, monkeypatch):
-    """Evicting for disk space warns once, is counted apart in info, and collect's summary says the
-    store holds less than its capacity."""
-    import errno
+    """Evicting for disk space warns once and is counted apart in info."""
 
     mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=10_000, segment_records=16).close()
     assert _write(tmp_path / "s", 1, 80) == 0
@@ -106,9 +106,6 @@ def test_a_full_disk_is_said_out_loud(tmp_path, caplog, monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(os, "posix_fallocate", full_once)
-    from _children import content  # rows the deterministic writer would write
-    import numpy as np
-
     with caplog.at_level(logging.WARNING):
         for seq in range(40):  # a roll: the first allocation fails, the oldest segment goes, the retry works
             w.add(obs=np.array([[2, seq, content(2, seq)]], np.float32), action=np.array([seq]),
