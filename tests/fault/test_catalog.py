@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from _children import SCHEMA, content
 from click.testing import CliRunner
+from mmreplay.cli.main import main
 
 import mmreplay
-from mmreplay.cli.main import main
 from mmreplay.storage.catalog import Catalog
 
 CHILD = str(Path(__file__).resolve().parents[1] / "_children.py")
