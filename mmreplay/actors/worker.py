@@ -5,7 +5,8 @@ Ray actor (:mod:`mmreplay.cluster`) or in the calling process. Its policy is ran
 around a policy file (reloaded when the file changes, frame stacks kept per lane) or a callable.
 
 Invariants: what the store holds is exactly what the env emitted, in each gymnasium autoreset
-mode (see :mod:`mmreplay.actors`); the first step of a writer goes through full validation and
+mode (see :mod:`mmreplay.actors`), except that the last step of an episode the end of the run
+cuts is stored as truncated (``WorkerConfig.cut_episodes``); the first step of a writer goes through full validation and
 small rows are gathered a few steps at a time into one ``add_batch`` (:class:`_StepBuffer`);
 writers are always closed with the final observations, also after a crash, and the progress
 made before a crash is reported.
