@@ -13,7 +13,8 @@ Invariants:
   a done is the episode's final observation). Same-step autoreset and disabled autoreset emit two
   rows for a lane that ends an episode (its last transition and its final observation from
   ``info["final_obs"]``); lanes then drift apart in time, so those modes use one single-lane writer
-  per env copy. Termination and truncation are kept apart in every mode.
+  per env copy. Termination and truncation are kept apart in every mode; the last step of an
+  episode the end of the run cuts is stored as a truncation (D4RL ``timeouts``, Minari).
 * Every published row survives Ctrl-C (workers are told to stop, finish their step and close
   their writers, keeping the final observations) and a crash of any other worker. A worker also
   stops when its parent dies. A crashed worker is reported; the others finish.
