@@ -113,7 +113,9 @@ def test_windowed_draws_only_from_the_resident_and_open_segments(tmp_path):
         u.finish_swap()  # commit one swap per batch (timing-free)
     st = u.tier_stats()
     assert st["swaps"] >= 50 and st["resident_bytes"] <= 4 * size
-    assert seen >= set(snap.segment_ids.tolist()) - {max(open_ids) + 1}  # every segment with rows
+    # every segment with rows (the writer's spare, made in the background, may be in the snapshot: it
+    # has none; excluding "max(open_ids) + 1" missed it whenever it was made in time: a flaky test)
+    assert seen >= set(snap.segment_ids[snap.committed > 0].tolist())
     u.close()
     assert s.reader.pinned == {} and s.reader.pin_owner is None
     w.close()
