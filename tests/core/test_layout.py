@@ -169,3 +169,13 @@ def test_no_docstring_cites_a_file_outside_the_repo():
         text = p.read_text()
         for ref in ("RELIABILITY.md", "ARCHITECTURE.md", "STYLE.md", "../shared"):
             assert ref not in text, f"{p.relative_to(ROOT)} cites {ref}, which users do not have"
+
+
+def test_every_room_is_packaged():
+    """A subpackage missing from pyproject's explicit list is left out of the wheel (an editable
+    install hides it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    rooms = {"mmreplay." + p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    assert rooms | {"mmreplay", "mmreplay.cli"} <= listed, sorted(rooms - listed)
