@@ -222,7 +222,7 @@ def actor_class(num_cpus: float, max_restarts: int) -> Any:
 
 def ensure_ray(address: str | None, num_cpus: int) -> bool:
     """Connect to ``address`` ("auto", "ray://host:10001", ...) or start a local instance that
-    listens on loopback only (:func:`mmreplay._local_ray.start_local_ray`); True if this call
+    listens on loopback only (:func:`mmreplay.cluster.start_local_ray`); True if this call
     started Ray (the caller shuts it down). An instance the caller already started is used as is."""
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return False

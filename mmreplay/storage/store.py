@@ -240,7 +240,7 @@ class ReplayStore:
         """Open a writer session with ``lanes`` parallel environments (one per vector-env copy).
 
         ``writer_id=None`` takes the lowest free id; an explicit id held by a live session
-        raises ``WriterBusyError`` at once. See :class:`mmreplay.writer.Writer`.
+        raises ``WriterBusyError`` at once. See :class:`mmreplay.Writer`.
         """
         self._check()
         if self.mode != "a":
@@ -391,7 +391,7 @@ class ReplayStore:
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def transitions(self, ids: np.ndarray) -> Any:
-        """The transitions starting at global row ids (see :class:`mmreplay.view.TransitionBatch`)."""
+        """The transitions starting at global row ids (see :class:`mmreplay.TransitionBatch`)."""
         from .view import transitions
 
         self._check()
@@ -408,7 +408,7 @@ class ReplayStore:
 
     def verify(self, *, fast: bool = False) -> list[Any]:
         """Check every segment's header, stamps and checksums; returns the problems found
-        (``mmreplay.verify.Problem``: file, slot, reason). Writes nothing, takes no locks."""
+        (``mmreplay.storage.verify.Problem``: file, slot, reason). Writes nothing, takes no locks."""
         from .verify import verify_store
 
         self._check()
