@@ -71,7 +71,9 @@ def info(path: str, as_json: bool) -> None:
         click.echo("evicted      " + ", ".join(f"{n} for {why}" for why, n in sorted(data["evictions"].items())))
     if data["lost_segments"]:
         lost = data["lost_segments"]
-        click.echo(f"LOST         {len(lost)} segment file(s), {sum(lost.values()):,} rows: {', '.join(sorted(lost))} "
+        from mmreplay.storage.catalog import short_list
+
+        click.echo(f"LOST         {len(lost)} segment file(s), {sum(lost.values()):,} rows: {short_list(sorted(lost))} "
                    "(not evicted; run `mmreplay verify`)", err=True)
     click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])} allocated in {data['segment_files']} segment "
                f"file(s) (preallocated; spares included); the rows use {_human_bytes(data['bytes_used'])}")

@@ -1,11 +1,13 @@
 """The segment catalog: every segment the store sealed, and how each one left.
 
-``CATALOG.log`` in the store directory is append-only, one JSON line per event, each with its
-own crc32c::
+``CATALOG.log`` in the store directory is append-only, one line per event, each with its own
+crc32c::
 
-    {"e": "sealed", "seg": "0000000000003-w001.seg", "rows": 4096, "crc": ...}
-    {"e": "evicted", "seg": "0000000000003-w001.seg", "why": "capacity", "crc": ...}   # or "disk"
-    {"e": "quarantined", "seg": "...", "crc": ...}
+    1a2b3c4d {"e":"sealed","rows":4096,"seg":"0000000000003-w001.seg"}
+    5e6f7a8b {"e":"evicted","seg":"0000000000003-w001.seg","why":"capacity"}   # or "disk"
+    9c0d1e2f {"e":"quarantined","seg":"..."}
+
+(the crc32c of the JSON bytes, in hex, then the JSON: a line is checked without re-encoding it).
 
 A segment the catalog lists as sealed and not gone, whose file is missing, is **lost** (not
 evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:
@@ -32,7 +34,7 @@ from crc32c import crc32c
 
 from ..core import failpoint as _failpoint
 
-__all__ = ["CATALOG", "Catalog", "CatalogState"]
+__all__ = ["CATALOG", "Catalog", "CatalogState", "short_list"]
 
 CATALOG = "CATALOG.log"
 DEPARTURES = ("evicted", "quarantined", "removed")
@@ -50,18 +52,32 @@ class CatalogState:
 
 
 def _line(event: dict[str, object]) -> bytes:
-    body = json.dumps(event, sort_keys=True, separators=(",", ":"))
-    return json.dumps({**event, "crc": crc32c(body.encode())}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    body = json.dumps(event, sort_keys=True, separators=(",", ":")).encode()
+    return b"%08x %s\n" % (crc32c(body), body)
 
 
 def _parse(raw: bytes) -> dict[str, object] | None:
-    try:
-        event = json.loads(raw)
-        crc = event.pop("crc")
-    except (ValueError, KeyError, AttributeError, TypeError):
+    """The event of one line, or ``None`` for a line that fails its crc (torn by a crash)."""
+    if len(raw) < 10 or raw[8:9] != b" ":
         return None
-    body = json.dumps(event, sort_keys=True, separators=(",", ":"))
-    return event if crc == crc32c(body.encode()) else None
+    try:
+        crc = int(raw[:8], 16)
+    except ValueError:
+        return None
+    body = raw[9:]
+    if crc32c(body) != crc:
+        return None
+    try:
+        event = json.loads(body)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def short_list(names: list[str], most: int = 5) -> str:
+    """``a, b, c`` or ``a, b, c, d, e and 12 more``: a message stays one readable line."""
+    head = ", ".join(names[:most])
+    return head if len(names) <= most else f"{head} and {len(names) - most} more"
 
 
 class Catalog:
@@ -143,7 +159,3 @@ class Catalog:
         if self._known is not None:
             self._known.discard(name)
 
-    def lost(self, present: set[str]) -> dict[str, int]:
-        """Segments the catalog expects (sealed, never departed) whose files are not in ``present``:
-        name -> rows lost."""
-        return {name: rows for name, rows in self.read().live.items() if name not in present}

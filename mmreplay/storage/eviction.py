@@ -39,6 +39,7 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
     held = pending_rows
     names = sorted(os.listdir(store.segments_dir))
     # known: this handle's memory of sealed segments' rows (immutable: each control page is read once)
+    found: dict[str, int] = {}  # sealed segments this pass read for the first time
     for gone in known.keys() - set(names):
         del known[gone]
     for name in names:
@@ -50,10 +51,12 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
             state, committed, _ = store.segment_state(store.segments_dir / name)
             if state == STATE_SEALED:
                 known[name] = committed
-                store.catalog.sealed(name, committed)  # sealed by recovery, an import, or before the catalog
+                found[name] = committed  # sealed by recovery, an import, or before the catalog
         held += committed  # open segments' published rows count too (they cannot be evicted yet)
         if name in known:
             sealed.append((parsed[0], name, committed))
+    if found:
+        store.catalog.sealed_many(found)  # one write and one fsync for all of them
     if store.on_full == "error" and not sealed and pending_rows > store.capacity:
         raise StoreFullError(f"{store.path} would hold {pending_rows} rows from one batch, capacity {store.capacity}, "
                              "and on_full='error'")

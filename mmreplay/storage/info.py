@@ -39,6 +39,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
             r.region.advise(m.window, size, MADV_DONTNEED)
             r._advise(m)
     disk, files = disk_usage(store.path)
+    catalog = store.catalog.read()  # read once: evictions by reason and lost segments
     writers = sorted({m.header.writer_id for m in segs})
     try:
         stats = json.loads((store.path / "stats.json").read_text())
@@ -64,8 +65,8 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "bytes_used": int(s.total_rows) * (store.layout.record_bytes + STAMP_DTYPE.itemsize),
         "writers": writers,
         "evicted_segments": int(stats.get("evicted_segments", 0)),
-        "evictions": store.catalog.read().evicted,  # by reason: capacity, disk (since the catalog existed)
-        "lost_segments": store.lost_segments(),
+        "evictions": catalog.evicted,  # by reason: capacity, disk (since the catalog existed)
+        "lost_segments": store.lost_segments(catalog),
         "unreadable_segments": dict(r.skipped),
         "metadata": store.metadata,
         "provenance": store.provenance(),

@@ -57,7 +57,7 @@ from .manifest import (
 from .reader import StoreReader
 from ..core.schema import Schema
 from .segment import parse_segment_name
-from .catalog import Catalog
+from .catalog import Catalog, CatalogState, short_list
 from .locks import ALLOC, LOCK_NAMES
 
 if TYPE_CHECKING:
@@ -283,13 +283,15 @@ class ReplayStore:
 
     def _check_catalog(self) -> None:
         """Catalogue sealed segments not in the catalog yet (writable handles), and warn once
-        about segments the catalog expects whose files are gone."""
+        about segments the catalog expects whose files are gone (one read of the catalog)."""
+        state = self.catalog.read() if self.catalog.path.exists() else None
         if self.mode == "a":
             self.catalog_sealed({m.name: m.committed for m in self.reader.segments.values() if m.state == STATE_SEALED})
-        lost = self.lost_segments()
+        lost = self.lost_segments(state)
         if lost:
+            names = sorted(lost)
             log.warning("%s: %d segment file(s) lost, %d rows: %s (not evicted; run `mmreplay verify`)", self.path,
-                        len(lost), sum(lost.values()), ", ".join(sorted(lost)))
+                        len(lost), sum(lost.values()), short_list(names))
 
     def catalog_sealed(self, segments: dict[str, int]) -> None:
         """Catalogue sealed segments (name -> rows) under ``alloc.lock``, the eviction lock, and only
@@ -302,12 +304,15 @@ class ReplayStore:
         finally:
             lock.release()
 
-    def lost_segments(self) -> dict[str, int]:
+    def lost_segments(self, state: CatalogState | None = None) -> dict[str, int]:
         """Segments the catalog lists as sealed and never evicted or quarantined whose files are
-        gone: name -> rows lost."""
-        if not self.catalog.path.exists():
-            return {}
-        return self.catalog.lost(set(os.listdir(self.segments_dir)))
+        gone: name -> rows lost (``state``: a catalog already read, else it is read now)."""
+        if state is None:
+            if not self.catalog.path.exists():
+                return {}
+            state = self.catalog.read()
+        present = set(os.listdir(self.segments_dir))
+        return {name: rows for name, rows in state.live.items() if name not in present}
 
     def sealed_segment_rows(self) -> dict[str, int]:
         """Row counts of the sealed segments this handle remembers for eviction (a copy; a

@@ -86,7 +86,7 @@ def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
     if point == "catalog_torn_line":
         assert state.torn_lines == 1
         lines = (tmp_path / "s" / "CATALOG.log").read_bytes().splitlines()
-        assert all(json.loads(ln) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
+        assert all(json.loads(ln[9:]) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
 
 
 def test_a_full_disk_is_said_out_loud(tmp_path, caplog, monkeypatch):
