@@ -75,6 +75,11 @@ def info(path: str, as_json: bool) -> None:
 
         click.echo(f"LOST         {len(lost)} segment file(s), {sum(lost.values()):,} rows: {short_list(sorted(lost))} "
                    "(not evicted; run `mmreplay verify`)", err=True)
+    if data["damaged_rows"]:
+        left = data["damaged_rows"] - data["masked_rows"]
+        click.echo(f"damaged      {data['damaged_rows']:,} row(s) fail their checksums and are left out of every batch"
+                   + (f" ({data['masked_rows']:,} masked by a repair)" if data["masked_rows"] else "")
+                   + (" (run `mmreplay verify`)" if left > 0 else ""), err=left > 0)
     click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])} allocated in {data['segment_files']} segment "
                f"file(s) (preallocated; spares included); the rows use {_human_bytes(data['bytes_used'])}")
     t = data["tiers"]
@@ -107,7 +112,8 @@ def info(path: str, as_json: bool) -> None:
 @main.command()
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("--fast", is_flag=True, help="Check sealed segments by the crc of their stamp column only.")
-@click.option("--repair", is_flag=True, help="Recover dead writers' segments and quarantine damaged ones.")
+@click.option("--repair", is_flag=True, help="Recover dead writers' segments, mask damaged rows (the good rows of "
+              "their segments are kept) and quarantine segments whose header or control page is damaged.")
 @friendly
 def verify(path: str, fast: bool, repair: bool) -> None:
     """Check headers, stamps and checksums of every segment; exit 1 if anything is wrong.
@@ -126,11 +132,13 @@ def verify(path: str, fast: bool, repair: bool) -> None:
                 click.echo(f"repaired: {a}")
         else:
             problems = store.verify(fast=fast)
+        masked = store.masked_rows()
     for p in problems:
         click.echo(f"problem: {p}")
     if problems:
         raise SystemExit(1)
-    click.echo(f"ok: {path}")
+    click.echo(f"ok: {path}" + (f" ({masked:,} damaged row(s) masked by a repair: left out of every batch)"
+                                 if masked else ""))
 
 
 from .archive import export_cmd, import_cmd  # noqa: E402

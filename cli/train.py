@@ -182,6 +182,9 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
 
         allocated, files = disk_usage(cfg.store)
         click.echo(f"store        {cfg.store}: {allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
+    if result.damaged_rows:
+        click.echo(f"DAMAGED      {result.damaged_rows:,} row(s) of the store failed their checksums and were left out "
+                   f"of every batch (run `mmreplay verify {cfg.store or cfg.archive}`)", err=True)
     if result.evals:
         step, mean, std = result.evals[-1]
         click.echo(f"final eval   {mean:.1f} ± {std:.1f}  (step {step:,}; best {result.best_return:.1f})")

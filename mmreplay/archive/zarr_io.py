@@ -64,12 +64,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.episodes import LaneCarry, segment_episodes
-from ..core.errors import CorruptSegmentError
 from ..core.fs import atomic_write
 from ..core.schema import Schema
 from ..storage.format import STATE_SEALED
 from .layout import (COL, MARKER, ArchiveError, CorruptArchiveError, committed_extent, create_layout, open_group,
                      read_meta, read_rows, read_table, resize_layout)
+from .rows import cut_predecessor, read_segment
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -101,6 +101,8 @@ class ArchiveReport:
     """Valid rows in the archive after the export."""
     bytes_raw: int
     """Uncompressed bytes of the chunks this export wrote (padding included)."""
+    damaged_rows: int = 0
+    """Rows that failed their checksums: archived zeroed, flagged ``is_last`` and in no episode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,38 +160,6 @@ def _carry(g: Any, table: np.ndarray, cache: dict[tuple[int, int, int], LaneCarr
     return LaneCarry(np.asarray(read_rows(g, "episode", sel), np.int64), np.asarray(read_rows(g, "is_last", sel), np.bool_))
 
 
-def _read_segment(store: ReplayStore, job: _Job, verify: bool) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-    """The job's rows as padded ``R``-row arrays per field, plus ``is_last``; None if evicted."""
-    import mmap
-
-    from ..storage.recovery import valid_prefix
-    from ..storage.segment import Segment
-
-    R = store.segment_records
-    try:
-        seg = Segment.open_rw(store.segments_dir / job.name, store.layout, store.store_uuid, store.schema.hash,
-                              writable=False)
-    except FileNotFoundError:
-        return None
-    try:
-        seg.mm.madvise(mmap.MADV_SEQUENTIAL)
-        n = job.rows
-        if verify:
-            good = valid_prefix(seg, 0, n)
-            if good < n:
-                raise CorruptSegmentError(f"{seg.path}: row {good} fails its stamp or crc32c check; not archived")
-        out = {}
-        for f in store.schema.fields:
-            buf = np.zeros((R, *f.shape), f.dtype)
-            buf[:n] = seg.columns[f.name][:n]
-            out[f.name] = buf
-        last = np.zeros(R, np.bool_)
-        last[:n] = seg.is_last[:n]
-        return out, last
-    finally:
-        seg.close()
-
-
 def export_archive(
     store: ReplayStore | str | os.PathLike[str],
     url: str | os.PathLike[str],
@@ -216,7 +186,9 @@ def export_archive(
     clevel
         zstd level of the blosc codec (1-9; 3 is the measured sweet spot for Atari frames).
     verify
-        Check every row's stamp and crc32c before archiving it (``CorruptSegmentError`` if one fails).
+        Check every row's stamp and crc32c before archiving it. A damaged row (or one the store's
+        checks already found) is never archived as it is: it is zeroed, flagged ``is_last`` and
+        put in no episode, and the report counts it.
     storage_options
         Passed to fsspec for URLs (credentials, endpoints).
     progress
@@ -294,17 +266,23 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
         arrays = {name: g[name] for name in (*(f"fields/{n}" for n in store.schema.names), "is_last", "is_first",
                                               "episode", "segment_table")}
     total = sum(j.rows for j in jobs)
-    done = written = nbytes = 0
+    done = written = nbytes = damaged = 0
     cache: dict[tuple[int, int, int], LaneCarry] = {}
     for job in jobs:
-        data = _read_segment(store, job, verify)
+        data = read_segment(store, job.sid, job.name, job.rows, verify)
         if data is None:
             continue  # evicted since the plan: it was never archived, so nothing refers to it
-        fields, last = data
+        fields, last, patch = data
         h = job.header
+        carry = _carry(g, table, cache, h, R)
+        if patch is not None and patch.cut_pred:  # the row before a damaged first row is in the predecessor
+            carry = cut_predecessor(arrays["is_last"], table, h, patch, R)
         ep, first, cache[(h.writer_id, h.session_epoch, h.chain_index)] = segment_episodes(
             last[: job.rows], segment_id=job.sid, segment_records=R, lanes=h.lanes, chain_index=h.chain_index,
-            carry=_carry(g, table, cache, h, R))
+            carry=carry)
+        if patch is not None:
+            ep[patch.zero] = -1  # in no episode
+            damaged += len(patch.zero)
         o = job.ordinal if job.ordinal >= 0 else count
         trow = _write(arrays, o, R, job, fields, last, ep, first)
         nbytes += sum(b.nbytes for b in fields.values())
@@ -321,7 +299,7 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
         if progress is not None:
             progress(done, total)
     resize_layout(g, store.schema, count, R)  # drop room reserved for segments evicted meanwhile
-    return ArchiveReport(str(url), written, done, count, rows, nbytes)
+    return ArchiveReport(str(url), written, done, count, rows, nbytes, damaged)
 
 
 # -- import ------------------------------------------------------------------------------------

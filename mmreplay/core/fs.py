@@ -20,7 +20,8 @@ import errno
 import mmap
 import os
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from .errors import DiskFullError, ReadOnlyStoreError
 
@@ -161,6 +162,12 @@ def map_anonymous(length: int, *, huge: bool = False) -> int:
     return addr
 
 
+def map_private(fd: int, length: int) -> int:
+    """A read-only copy-on-write mapping of ``fd``'s first ``length`` bytes, anywhere (for
+    ``write_private`` then ``AddressRegion.move_into``)."""
+    return _check_map(_libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0), "mapping segment")
+
+
 def unmap(addr: int, length: int) -> None:
     _libc.munmap(addr, length)
 
@@ -168,6 +175,22 @@ def unmap(addr: int, length: int) -> None:
 def protect_read(addr: int, length: int) -> None:
     """Make a mapping read-only (a stray write then faults instead of changing a copy)."""
     _libc.mprotect(addr, length, mmap.PROT_READ)
+
+
+def write_private(addr: int, length: int, fill: Callable[[Any], None]) -> None:
+    """Let ``fill`` write into this process's own read-only mapping ``[addr, addr + length)`` (a
+    private file mapping or an anonymous copy; never a shared one): ``fill`` gets a writable
+    ``uint8`` numpy array over it. The pages are made writable for the call (a private file page
+    becomes this process's copy only if written) and read-only again."""
+    import numpy as np
+
+    if _libc.mprotect(addr, length, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"making a private mapping writable: {os.strerror(err)}")
+    try:
+        fill(np.frombuffer((ctypes.c_char * length).from_address(addr), np.uint8))
+    finally:
+        _libc.mprotect(addr, length, mmap.PROT_READ)
 
 
 def _check_map(addr: int | None, what: str) -> int:
@@ -203,13 +226,16 @@ class AddressRegion:
         self.buffer = (ctypes.c_char * self.size).from_address(self.base)
         self._closed = False
 
-    def map_file(self, slot: int, fd: int, length: int, *, writable: bool = False) -> None:
-        """Map the first ``length`` bytes of ``fd`` (shared, read-only unless asked) into ``slot``."""
+    def map_file(self, slot: int, fd: int, length: int, *, writable: bool = False, private: bool = False) -> None:
+        """Map the first ``length`` bytes of ``fd`` (shared, read-only unless asked) into ``slot``.
+        ``private``: a copy-on-write mapping this process may write to without changing the file
+        (pages it writes become its own copies; the others stay shared with the page cache)."""
         if not 0 <= slot < self.slots or length > self.slot_bytes:
             raise ValueError(f"slot {slot} / length {length} outside the region")
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable or private else 0)
+        flags = (mmap.MAP_PRIVATE if private else mmap.MAP_SHARED) | _MAP_FIXED
         addr = self.base + slot * self.slot_bytes
-        got = _check_map(_libc.mmap(addr, length, prot, mmap.MAP_SHARED | _MAP_FIXED, fd, 0), "mapping segment")
+        got = _check_map(_libc.mmap(addr, length, prot, flags, fd, 0), "mapping segment")
         if got != addr:  # pragma: no cover - MAP_FIXED either lands or fails
             raise OSError(errno.EFAULT, "MAP_FIXED mapped elsewhere")
 

@@ -79,15 +79,19 @@ def _require_minari() -> Any:
 # -- episodes of a store -------------------------------------------------------------------------
 def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int]:
     """Global row ids of every complete episode with at least one action (each in time order), and
-    how many episodes were left out (running, begun before the oldest row, or a lone final row)."""
-    store.refresh()
+    how many episodes were left out (running, begun before the oldest row, a lone final row, or cut
+    by a damaged row)."""
+    store.wait_checked()
     r = store.reader
     s = r.snapshot
     R = store.segment_records
     cache: dict[tuple[int, int, int], LaneCarry] = {}
-    gids, eps, firsts, lasts = [], [], [], []
+    gids, eps, firsts, lasts, cut = [], [], [], [], []
     for k, sid in enumerate(s.segment_ids.tolist()):
         h = r.segments[sid].header
+        patch = r.segments[sid].patch
+        if patch is not None:  # damaged rows (storage.checks): the piece of episode before one is cut there
+            cut.append(sid * R + np.setdiff1d(patch.last, patch.zero))
         n = int(s.committed[k])
         last = np.array(r.is_last[int(s.windows[k]), :n])
         carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if h.chain_index else None
@@ -101,7 +105,8 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int]:
     if not gids:
         return [], 0
     gid, ep, first, last = (np.concatenate(x) for x in (gids, eps, firsts, lasts))
-    complete = np.intersect1d(gid[first], ep[last])
+    ends = last & ~np.isin(gid, np.concatenate(cut)) if cut else last
+    complete = np.intersect1d(gid[first], ep[ends])
     all_eps = np.unique(ep)
     keep = np.isin(ep, complete)
     gid, ep = gid[keep], ep[keep]

@@ -163,7 +163,8 @@ class TransitionSampler:
 
     def tier_stats(self) -> dict[str, Any]:
         """Where this sampler's rows come from: the resident set (windowed), the prefetch
-        counters (exact), and the store pages this process keeps mapped."""
+        counters (exact), the store pages this process keeps mapped, and the checks
+        (``damaged_rows`` left out, ``unchecked_segments``/``unchecked_rows`` not served yet)."""
         out: dict[str, Any] = (self._resident.stats() if self._resident is not None
                                else {"mode": "exact", "prefetch_batches": self.prefetch_batches})
         if self._fetcher is not None:
@@ -172,6 +173,7 @@ class TransitionSampler:
         if self._guard is not None:
             out["mapped_file_bytes"] = self._guard.mapped_file_bytes()
             out["unmap_drops"] = self._guard.drops
+        out.update(self.store.check_counts())  # damaged rows left out, segments not checked yet
         return out
 
     def close(self) -> None:

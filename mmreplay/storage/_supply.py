@@ -14,7 +14,8 @@ run in background threads so that the append path only swaps pointers:
   ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans segments fails
   on a full disk *before* any of it is written;
 * ``retire(seg)`` closes a sealed segment: durably in the background for ``segment``
-  durability (``wait()`` collects those syncs and raises their errors), at once otherwise.
+  durability (``wait()`` collects those syncs and raises their errors), at once otherwise; then
+  records its file as checked in the catalog (``checks.py``).
 
 Every segment of a session is written by that session only; the chain index
 and first sequence number in its header let readers follow a lane from segment to segment.
@@ -28,12 +29,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from .format import Header
+from .checks import identity
 from ..core.fs import fsync_dir
 from ..core.errors import DiskFullError
 from .segment import Segment, now_ns
 from .claims import allocating
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .store import ReplayStore
 
 
@@ -119,12 +123,27 @@ class SegmentSupply:
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
         if self.durability == "process":
             seg.close()
+            self._checked(seg.path)
         elif self.durability == "batch":
             seg.close(fdatasync=True)
+            self._checked(seg.path)
         else:
             if self._syncer is None:
                 self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
-            self._syncs.append(self._syncer.submit(seg.close_durable, seg.control.committed))
+            self._syncs.append(self._syncer.submit(self._close_durable, seg))
+
+    def _close_durable(self, seg: Segment) -> None:
+        seg.close_durable(seg.control.committed)
+        self._checked(seg.path)
+
+    def _checked(self, path: Path) -> None:
+        """Record the closed segment's file identity as checked (this session checksummed every
+        row it wrote; ``checks.py``), after the last write to the file."""
+        try:
+            ident = identity(os.stat(path))
+            self.store.catalog.checked(path.name, ident, ())
+        except OSError:  # evicted already, or the catalog cannot be written: readers check it
+            pass
 
     def wait(self) -> None:
         """Wait for background syncs; re-raise the first error one of them hit."""

@@ -6,8 +6,15 @@ crc32c::
     1a2b3c4d {"e":"sealed","rows":4096,"seg":"0000000000003-w001.seg"}
     5e6f7a8b {"e":"evicted","seg":"0000000000003-w001.seg","why":"capacity"}   # or "disk"
     9c0d1e2f {"e":"quarantined","seg":"..."}
+    3a4b5c6d {"bad":[[12,16]],"e":"checked","id":[...],"seg":"..."}        # or "masked" (repair)
 
 (the crc32c of the JSON bytes, in hex, then the JSON: a line is checked without re-encoding it).
+
+Checks (``checks.py``): a writer's ``sealed`` line carries the file's identity (``id``: inode,
+size, mtime and ctime in ns) as it was when sealed: the writer checksummed every row it wrote, so
+the segment counts as checked while its file keeps that identity. ``checked`` records a check's
+damaged rows (``bad``: ``[start, stop)`` slot ranges) for that identity; ``masked`` is the same
+written by ``verify --repair``: the damage is acknowledged, and the rows stay excluded.
 
 A segment the catalog lists as sealed and not gone, whose file is missing, is **lost** (not
 evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:
@@ -34,7 +41,7 @@ from crc32c import crc32c
 
 from ..core import failpoint as _failpoint
 
-__all__ = ["CATALOG", "Catalog", "CatalogState", "short_list"]
+__all__ = ["CATALOG", "Catalog", "CatalogState", "SegmentRecord", "short_list"]
 
 CATALOG = "CATALOG.log"
 DEPARTURES = ("evicted", "quarantined", "removed")
@@ -48,7 +55,19 @@ class CatalogState:
     evicted: dict[str, int] = field(default_factory=dict)
     """Evictions by reason (``capacity``, ``disk``)."""
     quarantined: list[str] = field(default_factory=list)
+    checks: dict[str, SegmentRecord] = field(default_factory=dict)
+    """The latest check of each segment: its file's identity then, and its damaged rows."""
     torn_lines: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    """What the catalog remembers of one check: the file's identity and the damaged slot ranges."""
+
+    identity: tuple[int, ...]
+    bad: tuple[tuple[int, int], ...] = ()
+    masked: bool = False
+    """Written by ``verify --repair``: the damage is acknowledged."""
 
 
 def _line(event: dict[str, object]) -> bytes:
@@ -105,6 +124,12 @@ class Catalog:
             seg, kind = str(event.get("seg")), event.get("e")
             if kind == "sealed":
                 state.live[seg] = int(event.get("rows", 0))  # type: ignore[call-overload]
+                if "id" in event:
+                    state.checks[seg] = SegmentRecord(tuple(event["id"]))  # type: ignore[arg-type]
+            elif kind in ("checked", "masked"):
+                state.checks[seg] = SegmentRecord(tuple(event["id"]),  # type: ignore[arg-type]
+                                                  tuple((int(a), int(b)) for a, b in event.get("bad", ())),  # type: ignore[union-attr]
+                                                  kind == "masked")
             elif kind in DEPARTURES:
                 state.live.pop(seg, None)
                 if kind == "evicted":
@@ -115,7 +140,7 @@ class Catalog:
         self._known = set(state.live)
         return state
 
-    def _append(self, event: dict[str, object], more: bytes = b"") -> None:
+    def _append(self, event: dict[str, object], more: bytes = b"", *, sync: bool = True) -> None:
         line = _line(event) + more
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -128,15 +153,17 @@ class Catalog:
                 os.write(fd, line[len(line) // 2 :])
             else:
                 os.write(fd, line)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 
-    def sealed(self, name: str, rows: int) -> None:
-        """Record that segment ``name`` was sealed with ``rows`` committed rows (once per handle)."""
-        self.sealed_many({name: rows})
+    def sealed(self, name: str, rows: int, identity: tuple[int, ...] | None = None) -> None:
+        """Record that segment ``name`` was sealed with ``rows`` committed rows (once per handle);
+        ``identity``: its file's, from the writer that checksummed every row (see above)."""
+        self.sealed_many({name: rows}, {name: identity} if identity else None)
 
-    def sealed_many(self, segments: dict[str, int]) -> None:
+    def sealed_many(self, segments: dict[str, int], identities: dict[str, tuple[int, ...]] | None = None) -> None:
         """Record every sealed segment of ``segments`` (name -> rows) not catalogued yet, with one
         write and one fsync (a store opened for the first time since the catalog existed)."""
         if self._known is None:
@@ -145,9 +172,18 @@ class Catalog:
         new = [(n, r) for n, r in sorted(segments.items()) if n not in self._known]
         if not new:
             return
-        events = [{"e": "sealed", "seg": n, "rows": int(r)} for n, r in new]
+        ids = identities or {}
+        events = [{"e": "sealed", "seg": n, "rows": int(r), **({"id": list(ids[n])} if n in ids else {})}
+                  for n, r in new]
         self._append(events[0], b"".join(_line(e) for e in events[1:]))
         self._known.update(n for n, _ in new)
+
+    def checked(self, name: str, identity: tuple[int, ...], bad: tuple[tuple[int, int], ...], *,
+                masked: bool = False) -> None:
+        """Record a check of segment ``name`` (file ``identity``) and its damaged slot ranges;
+        ``masked``: written by a repair that acknowledges them."""
+        self._append({"e": "masked" if masked else "checked", "seg": name, "id": list(identity),
+                      "bad": [list(r) for r in bad]}, sync=masked)  # a lost check is only done again
 
     def departed(self, name: str, event: str, why: str | None = None) -> None:
         """Record, before the file goes, that segment ``name`` leaves: ``evicted`` (``why``:

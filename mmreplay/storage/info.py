@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
 
 def store_info(store: ReplayStore) -> dict[str, Any]:
-    store.refresh()
+    store.wait_checked()  # every row is counted: segments not checked yet are checked first
     r = store.reader
     s = r.snapshot
-    segs = sorted(r.segments.values(), key=lambda m: m.header.segment_id)
+    segs = [r.segments[int(sid)] for sid in s.segment_ids]  # in id order; unreadable ones left out
     transitions = 0
     ends = {"terminated": 0, "truncated": 0, "incomplete": 0}
     flags = "terminated" in store.schema and "truncated" in store.schema
@@ -67,7 +67,9 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "evicted_segments": int(stats.get("evicted_segments", 0)),
         "evictions": catalog.evicted,  # by reason: capacity, disk (since the catalog existed)
         "lost_segments": store.lost_segments(catalog),
-        "unreadable_segments": dict(r.skipped),
+        "unreadable_segments": {**r.skipped, **{m.name: m.failed for m in r.segments.values() if m.failed}},
+        "damaged_rows": r.check_counts()["damaged_rows"],  # left out of every batch
+        "masked_rows": store.masked_rows(),  # of those, acknowledged by a repair
         "metadata": store.metadata,
         "provenance": store.provenance(),
         "created_at": store.manifest.get("created_at"),

@@ -22,7 +22,11 @@ Invariants kept here:
   the learner's resident set, ``tiers.py``). The copy is moved in with one atomic ``mremap``
   and the file is mapped back the same way (``unpin``), so a thread reading the window sees
   identical bytes throughout (sealed segments never change). Copies survive ``refresh()`` and
-  region growth, go when their segment is evicted, and are never touched by ``unmap_pages()``.
+  region growth, go when their segment is evicted, and are never touched by ``unmap_pages()``;
+* a sealed segment first seen sealed is served only once checked (``checks.py``): it is left out
+  of the snapshot until then. A segment with damaged rows is mapped copy-on-write and patched
+  (``checks.damage_patch``) in this process's view, file or RAM copy alike, so every gather
+  leaves the damaged rows out with no per-row test on the sampling path.
 
 Global row ids are ``segment_id * segment_records + slot``: stable for the life of a row.
 """
@@ -42,6 +46,8 @@ from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SE
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
+from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity
+from ..core.fs import map_private, write_private
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -65,6 +71,14 @@ class _Mapped:
     committed: int
     state: int
     version: int = 0
+    pending: bool = False
+    """Sealed when first seen and not checked yet: left out of the snapshot."""
+    queued: bool = False
+    """Handed to the background checker."""
+    failed: str = ""
+    """Why its check could not read it (left out for good)."""
+    patch: DamagePatch | None = None
+    """Its damaged rows, patched out of this reader's view."""
 
 
 @dataclass(slots=True)
@@ -95,8 +109,11 @@ class StoreReader:
     """Maps a store's segments and gathers rows by id. Owned by ``ReplayStore``."""
 
     def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *,
-                 initial_windows: int = 16, on_corrupt: str = "raise", verify: str = "off") -> None:
+                 initial_windows: int = 16, on_corrupt: str = "raise", verify: str = "off",
+                 checker: Checker | None = None) -> None:
         self.on_corrupt = on_corrupt
+        self.checker = checker
+        """Checks of segments first seen sealed (``None``: serve them unchecked, e.g. recovery)."""
         self.verify = verify
         self.dir = segments_dir
         self.layout = layout
@@ -151,7 +168,7 @@ class StoreReader:
                 continue
             fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self.region.map_file(m.window, fd, self.layout.file_size)
+                self._map_window(m, fd)
             finally:
                 os.close(fd)
             self._advise(m)
@@ -164,6 +181,7 @@ class StoreReader:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             header, control = read_segment_meta(fd, path, self.layout, self.store_uuid, self.schema_hash)
+            ident = identity(os.fstat(fd))
             if not self._free:
                 self._grow()
             window = self._free.pop()
@@ -177,7 +195,87 @@ class StoreReader:
         m = _Mapped(name, header, window, 0, 0)
         self._read_control(m)
         self._advise(m, first=True)
+        if m.state == STATE_SEALED and self.checker is not None:
+            bad = self.checker.known(name, ident)
+            if bad is None:
+                m.pending = True
+            elif len(bad):
+                self._damaged(m, bad)
         return m
+
+    def _map_window(self, m: _Mapped, fd: int) -> None:
+        """Map ``m``'s file into its window (atomically over what was there): shared, or, if it
+        has damaged rows, a copy-on-write mapping patched before it moves in."""
+        if m.patch is None:
+            self.region.map_file(m.window, fd, self.layout.file_size)
+            return
+        addr = map_private(fd, self.layout.file_size)
+        self._write_patch(m, addr)
+        self.region.move_into(m.window, addr, self.layout.file_size)
+
+    def _write_patch(self, m: _Mapped, addr: int) -> None:
+        assert m.patch is not None
+        write_private(addr, self.layout.file_size, lambda buf: apply_patch(m.patch, self.layout, buf))
+
+    def _damaged(self, m: _Mapped, bad: np.ndarray) -> None:
+        """Exclude ``m``'s damaged slots ``bad`` from this reader's view (see ``checks.py``); ``m``
+        is not in the snapshot yet (never resident)."""
+        m.patch = damage_patch(bad, m.header.lanes)
+        fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._map_window(m, fd)
+        finally:
+            os.close(fd)
+        self._advise(m)
+        from .checks import to_ranges
+
+        log.warning("%s: %d damaged row(s) (slots %s) fail their stamp or crc32c check; left out of every batch "
+                    "(run `mmreplay verify --repair` to acknowledge them)", self.dir / m.name, len(bad),
+                    ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(bad)[:5]))
+
+    # -- checks ---------------------------------------------------------------------------
+    def _run_checks(self) -> None:
+        """Apply finished background checks; check new pending segments now if they are few
+        bytes, else queue them for the background thread."""
+        c = self.checker
+        if c is None:
+            return
+        for name, (ident, result) in c.take_done().items():
+            m = next((x for x in self.segments.values() if x.name == name), None)
+            if m is not None:
+                self._checked(m, ident, result)
+        todo = [m for m in self.segments.values() if m.pending and not m.queued]
+        if not todo:
+            return
+        if not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
+            for m in todo:
+                self._checked(m, *c.run(_Job(m.name, m.committed)))
+            return
+        for m in todo:
+            m.queued = True
+        c.submit([_Job(m.name, m.committed) for m in sorted(todo, key=lambda x: x.header.segment_id)])
+
+    def _checked(self, m: _Mapped, ident: tuple[int, ...] | None, result: np.ndarray | str) -> None:
+        m.pending = m.queued = False
+        if ident is None:
+            if result != "gone":
+                m.failed = str(result)
+                log.warning("%s: left out: %s", self.dir / m.name, result)
+            return
+        assert isinstance(result, np.ndarray)
+        if len(result):
+            self._damaged(m, result)
+
+    def check_counts(self) -> dict[str, int]:
+        """``damaged_rows`` left out of checked segments, ``unchecked_segments`` and
+        ``unchecked_rows`` not served yet, ``unreadable_segments`` left out for good."""
+        ms = list(self.segments.values())
+        return {
+            "damaged_rows": sum(len(m.patch.zero) for m in ms if m.patch is not None),
+            "unchecked_segments": sum(m.pending for m in ms),
+            "unchecked_rows": sum(m.committed for m in ms if m.pending),
+            "unreadable_segments": sum(bool(m.failed) for m in ms),
+        }
 
     def _advise(self, m: _Mapped, *, first: bool = False) -> None:
         """Access hints by state (see the module docstring)."""
@@ -200,6 +298,7 @@ class StoreReader:
                     self._read_control(m)  # sealed segments are immutable
                     if m.state == STATE_SEALED:
                         self._advise(m)
+            self._run_checks()
             self._rebuild()
 
     def _scan(self) -> None:
@@ -260,7 +359,8 @@ class StoreReader:
         return good
 
     def _rebuild(self) -> None:
-        ms = sorted(self.segments.values(), key=lambda m: m.header.segment_id)
+        ms = sorted((m for m in self.segments.values() if not (m.pending or m.failed)),
+                    key=lambda m: m.header.segment_id)
         s = Snapshot()
         s.segment_ids = np.array([m.header.segment_id for m in ms], np.int64)
         s.windows = np.array([m.window for m in ms], np.int64)
@@ -279,6 +379,10 @@ class StoreReader:
             [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index - 1), -1) for m in ms],
             np.int64,
         )
+        for k, m in enumerate(ms):  # a damaged row in a segment's first lanes cuts it from its predecessor
+            if m.patch is not None and m.patch.cut_pred and s.pred[k] >= 0:
+                s.succ[s.pred[k]] = -1
+                s.pred[k] = -1
         self.snapshot = s
         self._table = None
 
@@ -300,6 +404,8 @@ class StoreReader:
         return self._table
 
     def close(self) -> None:
+        if self.checker is not None:
+            self.checker.close()
         with self._lock:
             self.columns = {}
             self.segments.clear()
@@ -322,6 +428,8 @@ class StoreReader:
                 unmap(addr, self.copy_bytes)
                 os.close(fd)
                 return False
+            if m.patch is not None:  # the copy was read from the file: patch it before it moves in
+                self._write_patch(m, addr)
             self.region.move_into(m.window, addr, self.copy_bytes)
             self.pinned[segment_id] = fd
             return True
@@ -335,7 +443,7 @@ class StoreReader:
             try:
                 m = self.segments.get(segment_id)
                 if m is not None:
-                    self.region.map_file(m.window, fd, self.layout.file_size)  # atomic over the copy
+                    self._map_window(m, fd)  # atomic over the copy
                     if self.copy_bytes > self.layout.file_size:  # the copy's tail past the file
                         self.region.release(m.window, self.layout.file_size)
                     self._advise(m)
@@ -346,12 +454,12 @@ class StoreReader:
         """Drop this process's page-table entries for every file-mapped window
         (``MADV_DONTNEED``): the pages stay in the page cache (a later read maps them again,
         or reads them from disk if the kernel reclaimed them) but no longer count in this
-        process's resident memory. RAM copies are left alone."""
+        process's resident memory. RAM copies and patched (copy-on-write) windows are left alone."""
         with self._lock:
             size = self.layout.file_size
             pinned = {self.segments[s].window for s in self.pinned if s in self.segments}
             for m in self.segments.values():
-                if m.window not in pinned:
+                if m.window not in pinned and m.patch is None:  # DONTNEED would drop a patch's pages
                     self.region.advise(m.window, size, MADV_DONTNEED)
 
     # -- row addressing -------------------------------------------------------------------

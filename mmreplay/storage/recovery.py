@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c as _crc32c
 import numpy as np
 
-from .format import PAGE_SIZE, STATE_SEALED, Header, Layout, group_seed
+from .format import PAGE_SIZE, STATE_SEALED, Header, Layout
 from ..core.errors import CorruptSegmentError
 from ..core.fs import fsync_dir
 from .segment import Segment, parse_segment_name, read_segment_meta
@@ -66,27 +66,10 @@ def valid_prefix(seg: Segment, start: int, stop: int) -> int:
 def check_groups(h: Header, layout: Layout, st: np.ndarray, view: Any, start: int, stop: int) -> int:
     """Walk commit groups from ``start`` (a group boundary) towards ``stop``; return where the
     first invalid group begins (``>= stop`` when all are valid). ``st`` is the segment's stamp
-    column, ``view`` a buffer of the whole segment file."""
-    i = start
-    while i < stop:
-        seq = int(st["seq"][i])
-        k = int(st["glen"][i])
-        if seq != h.first_seq + i + 1 or k < 1 or i + k > h.usable_records:
-            break
-        grp = st[i : i + k]
-        if not (
-            np.array_equal(grp["seq"], np.arange(seq, seq + k, dtype=np.uint64))
-            and (grp["crc"] == grp["crc"][0]).all()
-            and (grp["glen"] == k).all()
-        ):
-            break
-        crc = group_seed(h, i, seq, k)
-        lo, hi = layout.records_span(i, i + k)
-        crc = _crc32c.crc32c(view[lo:hi], crc)
-        if crc != int(grp["crc"][0]):
-            break
-        i += k
-    return i
+    column, ``view`` a buffer of the whole segment file. The rule is ``_checkkernel``'s."""
+    from .checks import scan
+
+    return int(scan(h, layout, st, view, start, stop, first_only=True))
 
 
 def recover_segment(seg: Segment) -> tuple[int, int]:

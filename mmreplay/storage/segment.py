@@ -62,6 +62,17 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def segment_state(path: Path) -> tuple[int, int, int]:
+    """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
+    try:
+        with open(path, "rb") as fh:
+            buf = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
+    except FileNotFoundError:
+        return 0, 0, 0
+    control, _ = read_control(buf)
+    return (control.state, control.committed, control.synced) if control else (STATE_OPEN, 0, 0)
+
+
 def read_segment_meta(fd: int, path: object, layout: Layout, store_uuid: bytes, schema_hash: int) -> tuple[Header, Control | None]:
     """Read and check a segment's header and control page through ``fd`` (no mapping)."""
     size = os.fstat(fd).st_size
@@ -207,6 +218,9 @@ class Segment:
 
     def sync_control(self) -> None:
         msync(self.mm, CONTROL_OFFSET, PAGE_SIZE)
+
+    def fileno(self) -> int:
+        return self._fd
 
     def close_durable(self, n: int) -> None:
         """Close a sealed segment so that its ``n`` rows survive a power loss, then record them

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..core.version import __version__
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_OPEN, STATE_SEALED, Layout, read_control
+from .format import STATE_SEALED, Layout
 from ..core.fs import atomic_write, fsync_dir, writable_error
 from .locks import FileLock
 from ..core.errors import (
@@ -56,8 +56,9 @@ from .manifest import (
 )
 from .reader import StoreReader
 from ..core.schema import Schema
-from .segment import parse_segment_name
+from .segment import parse_segment_name, segment_state
 from .catalog import Catalog, CatalogState, short_list
+from .checks import Checker
 from .locks import ALLOC, LOCK_NAMES
 
 if TYPE_CHECKING:
@@ -191,9 +192,11 @@ class ReplayStore:
 
             self.recovery_report = recover_abandoned(self)
         windows = max(16, 2 * (-(-self.capacity // self.segment_records)) + 8)
+        checker = Checker(self.segments_dir, self.layout, self.store_uuid, self.schema.hash, self.catalog,
+                          writable=mode == "a")
         self.reader = StoreReader(self.segments_dir, self.layout, self.store_uuid, self.schema.hash,
                                   initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)),
-                                  on_corrupt=on_corrupt, verify=verify)
+                                  on_corrupt=on_corrupt, verify=verify, checker=checker)
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
         self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
@@ -321,13 +324,7 @@ class ReplayStore:
 
     def segment_state(self, path: Path) -> tuple[int, int, int]:
         """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
-        try:
-            with open(path, "rb") as fh:
-                buf = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
-        except FileNotFoundError:
-            return 0, 0, 0
-        control, _ = read_control(buf)
-        return (control.state, control.committed, control.synced) if control else (STATE_OPEN, 0, 0)
+        return segment_state(path)
 
     def bump_stat(self, key: str, n: int) -> None:
         """Add ``n`` to counter ``key`` of ``stats.json`` (evictions)."""
@@ -364,6 +361,21 @@ class ReplayStore:
 
     def __len__(self) -> int:
         return self.num_rows
+
+    def check_counts(self) -> dict[str, int]:
+        """Checks of sealed segments as of the last refresh (see ``mmreplay.storage.checks``):
+        ``damaged_rows`` left out of every batch, ``unchecked_segments`` and ``unchecked_rows``
+        not served until checked, ``unreadable_segments`` left out for good."""
+        self._check()
+        return self.reader.check_counts()
+
+    def wait_checked(self, timeout: float | None = None) -> bool:
+        """Wait until every sealed segment seen so far is checked and its rows are served (a
+        large unchecked store is checked in the background); False on timeout."""
+        from .checks import wait_checked
+
+        self._check()
+        return wait_checked(self, timeout)
 
     def valid_transition_mask(self, k: int) -> np.ndarray:
         """Which committed rows of snapshot segment ``k`` start a sampleable transition."""
@@ -419,8 +431,16 @@ class ReplayStore:
         self._check()
         return verify_store(self, fast=fast)
 
+    def masked_rows(self) -> int:
+        """Damaged rows a repair masked (in files unchanged since): left out of every batch."""
+        from .verify import masked_rows
+
+        self._check()
+        return masked_rows(self)
+
     def repair(self) -> tuple[list[str], list[Any]]:
-        """Run recovery and quarantine damaged segments as ``.corrupt`` (``mode="a"``, no live
+        """Run recovery, mask damaged rows (their segments' good rows are kept) and quarantine
+        segments whose header or control page is damaged as ``.corrupt`` (``mode="a"``, no live
         writer). Returns the actions taken and the problems left."""
         from .verify import repair_store
 
@@ -437,30 +457,18 @@ class ReplayStore:
         Records live in ``provenance/<name>.json`` beside the manifest, each replaced atomically, so
         concurrent runs never rewrite the manifest or each other's records. Returns the name.
         """
+        from .provenance import record_provenance
+
         self._check()
         if self.mode != "a":
             raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
-        if name is None:
-            ns = time.time_ns()
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 10**9))
-            name = f"{stamp}.{ns % 10**9:09d}Z-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"provenance record name {name!r} must be a plain file name")
-        d = self.path / "provenance"
-        d.mkdir(exist_ok=True)
-        atomic_write(d / f"{name}.json", json.dumps(record, indent=1, sort_keys=True, default=str).encode())
-        return name
+        return record_provenance(self.path, record, name)
 
     def provenance(self) -> list[dict[str, Any]]:
         """Every provenance record, oldest first (by name); unreadable records are skipped."""
-        out = []
-        d = self.path / "provenance"
-        for f in sorted(d.glob("*.json")) if d.is_dir() else ():
-            try:
-                out.append({"name": f.stem, **json.loads(f.read_text())})
-            except (OSError, ValueError):
-                continue
-        return out
+        from .provenance import read_provenance
+
+        return read_provenance(self.path)
 
     def info(self) -> dict[str, Any]:
         """Schema, rows, transitions, episodes, segments, bytes and writers, as plain data."""

@@ -62,6 +62,8 @@ class TrainResult:
     steps_per_s: float
     updates_per_s: float
     data_wait: float
+    damaged_rows: int = 0
+    """Rows of the store that failed their checksums and were left out of every batch."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -343,9 +345,12 @@ class Run:
             self.bar.close()
         wall, cpu = self.wall_s, self.cpu_s
         rows = _read_rates(self.dir)
+        store = getattr(sampler, "store", None)
+        damaged = store.check_counts()["damaged_rows"] if hasattr(store, "check_counts") else 0
         res = TrainResult(run_dir=str(self.dir), policy_path=str(policy), env_steps=self.env_steps,
                           updates=self.updates, wall_s=wall, cpu_s=cpu, evals=self.evals,
-                          final_return=self.evals[-1][1] if self.evals else None, best_return=self.best, **rows)
+                          final_return=self.evals[-1][1] if self.evals else None, best_return=self.best,
+                          damaged_rows=damaged, **rows)
         (self.dir / "result.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
         return res
 

@@ -400,6 +400,10 @@ def train_offline(cfg: TrainConfig) -> TrainResult:
         store = open_archive(cfg.archive)  # whole segments fetched into a temporary local cache
     else:
         store = open_store(cfg.store, mode="r")
+    waiting = store.check_counts()["unchecked_segments"]
+    if waiting:  # a copied or modified store: its segments are checked before training samples them
+        log.info("checking %d segment(s) not checked since they were written or copied", waiting)
+        store.wait_checked()
     eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
     n_actions = offline_n_actions(store, eval_env, cfg)
     learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,

@@ -58,8 +58,22 @@ def test_flipped_payload_byte_is_found_and_located(tmp_path):
     s.close()
     r = CliRunner().invoke(cli, ["verify", str(path)])
     assert r.exit_code == 1 and victim.name in r.output and "slot" in r.output
+    rows = len(mmreplay.open_store(path, mode="r"))
     r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
-    assert r.exit_code == 0 and "quarantined" in r.output
+    assert r.exit_code == 0 and "masked 1 damaged row(s)" in r.output and "quarantined" not in r.output
+    assert victim.exists()  # row-level repair: the segment's good rows stay, with their ids
+    with mmreplay.open_store(path, mode="r") as s:
+        assert len(s) == rows and s.check_counts()["damaged_rows"] == 1 and s.masked_rows() == 1
+    r = CliRunner().invoke(cli, ["verify", str(path)])
+    assert r.exit_code == 0 and "1 damaged row(s) masked" in r.output
+
+
+def test_repair_quarantines_a_segment_whose_header_is_damaged(tmp_path):
+    path = filled(tmp_path)
+    victim = segs(path)[1]
+    flip(victim, 20)  # inside the header: its crc fails
+    r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
+    assert r.exit_code == 0 and f"quarantined {victim.name}" in r.output
     assert (victim.parent / (victim.name + ".corrupt")).exists()  # kept, never silently deleted
     assert CliRunner().invoke(cli, ["verify", str(path)]).exit_code == 0
 

@@ -1,0 +1,281 @@
+"""Checks of sealed segments: find damaged rows once per file, remember them, keep them out.
+
+A sealed segment never changes, so it is checked once: every commit group's stamps and crc32c
+(``_checkkernel``), one sequential read of its records. The result is remembered for the file's
+**identity** (inode, size, mtime and ctime in ns: any write to the file or a copy of it changes
+it): in the catalog (``catalog.py``) when the process may write there, else in memory. A
+writer's own segments count as checked while their identity is the one recorded when the writer
+closed them (it checksummed every row it wrote); a copied, moved or modified file, a segment
+sealed by recovery or ingested, or one written before checks existed is checked by the first
+reader that maps it.
+
+Invariants:
+
+* a reader never serves a row of a sealed segment it has not checked: until then the segment is
+  left out of its snapshot (checked at once when the pending bytes are few, else by
+  ``Checker``'s background thread; ``ReplayStore.wait_checked`` waits for it). Rows of open
+  segments are served as their writer published them (the writer computed their checksums from
+  the bytes it wrote) and, after a crash, only once recovery has checked them;
+* damaged rows are excluded one commit group at a time (the unit a crc covers: one append
+  call, i.e. one row for single adds, one vector-env step of ``lanes`` rows), with every
+  transition or window that needs them (``damage_patch``);
+* the check never changes the file: exclusion is a patch of the reader's private copy-on-write
+  view of it.
+
+What a check does not catch: a file damaged after it was checked without a write through the
+filesystem (media decay under an unchanged identity). ``mmreplay verify`` reads everything again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .format import IS_LAST, Header, Layout
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
+    from .store import ReplayStore
+
+log = logging.getLogger(__name__)
+
+SYNC_CHECK_BYTES = 64 << 20
+"""Pending checks up to this many bytes run in the refreshing thread (about 0.1 s from a cold
+disk of this machine kind); more go to the background thread."""
+
+_K: Any = None
+
+
+def _kernel() -> Any:
+    global _K
+    if _K is None:
+        from . import _checkkernel
+
+        _K = _checkkernel
+    return _K
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """The identity a check is remembered for: inode, size, mtime and ctime (ns)."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _seed(h: Header) -> np.ndarray:
+    s = np.zeros(56, np.uint8)
+    s[:16] = np.frombuffer(h.store_uuid, np.uint8)
+    s[16:24] = np.frombuffer(np.uint64(h.segment_id).tobytes(), np.uint8)
+    s[40:48] = np.frombuffer(np.uint64(h.session_epoch).tobytes(), np.uint8)
+    return s
+
+
+def scan(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, stop: int, *,
+         first_only: bool = False) -> np.ndarray | int:
+    """Damaged rows of ``[start, stop)`` as a bool mask over the segment's slots, or with
+    ``first_only`` the first damaged slot (``stop`` if none). ``stamps``: the segment's stamp
+    column; ``data``: a buffer of the whole file."""
+    k = _kernel()
+    buf = np.frombuffer(data, np.uint8)
+    bad = np.zeros(layout.segment_records, np.uint8)
+    out = k.scan_groups(stamps["seq"], stamps["crc"], stamps["glen"], buf, layout.records_offset, layout.record_bytes,
+                        h.first_seq, h.usable_records, start, stop, _seed(h), k.TABLE, bad, first_only)
+    return int(out) if first_only else bad.view(np.bool_)
+
+
+def to_ranges(slots: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Sorted slots as ``[start, stop)`` runs."""
+    if len(slots) == 0:
+        return ()
+    cut = np.flatnonzero(np.diff(slots) != 1) + 1
+    starts = np.concatenate([slots[:1], slots[cut]])
+    stops = np.concatenate([slots[cut - 1] + 1, slots[-1:] + 1])
+    return tuple((int(a), int(b)) for a, b in zip(starts, stops))
+
+
+def from_ranges(ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """``[start, stop)`` runs as sorted slots."""
+    if not ranges:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
+
+
+@dataclass(frozen=True, slots=True)
+class DamagePatch:
+    """How damaged rows are kept out of every view of a segment with ``lanes`` lanes."""
+
+    zero: np.ndarray
+    """Damaged slots: their records are zeroed and flagged ``is_last`` (never a start, never
+    read as anyone's next row: the row before each is flagged too)."""
+    last: np.ndarray
+    """Every slot flagged ``is_last``: the damaged ones and, for each, the row before it in its
+    lane. A damaged row then cuts its episode: the part before ends there (a window stops, as at
+    a truncation), the part after starts fresh (frame stacks clamp)."""
+    cut_pred: bool
+    """A damaged row lies in the first ``lanes`` slots: the row before it is in the previous
+    segment of the chain, so the link to that segment is cut instead."""
+
+
+def damage_patch(bad: np.ndarray, lanes: int) -> DamagePatch:
+    """The patch for damaged ``bad`` slots (sorted) of a segment with ``lanes`` lanes."""
+    bad = np.asarray(bad, np.int64)
+    pred = bad - lanes
+    pred = pred[(pred >= 0) & ~np.isin(pred, bad)]
+    return DamagePatch(bad, np.union1d(bad, pred), bool(len(bad) and bad[0] < lanes))
+
+
+def apply_patch(p: DamagePatch, layout: Layout, buf: np.ndarray) -> None:
+    """Zero the damaged records of a segment file's bytes ``buf`` and flag the patch's rows ``is_last``."""
+    recs = buf[layout.records_offset : layout.records_offset + layout.segment_records * layout.record_bytes]
+    recs.reshape(layout.segment_records, layout.record_bytes)[p.zero] = 0
+    buf[layout.column(IS_LAST).offset + p.last * layout.record_bytes] = 1
+
+
+def wait_checked(store: ReplayStore, timeout: float | None) -> bool:
+    """``ReplayStore.wait_checked``: refresh until no segment waits for its check."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        store.refresh()
+        if not store.reader.check_counts()["unchecked_segments"]:
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        assert store.reader.checker is not None
+        store.reader.checker.wait(None if left is None else min(left, 1.0))
+
+
+def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
+               committed: int) -> tuple[tuple[int, int, int, int], np.ndarray]:
+    """Check the first ``committed`` rows of segment file ``path``: ``(identity, damaged slots)``.
+    Raises ``CorruptSegmentError`` for a damaged header or size, ``FileNotFoundError`` if gone."""
+    from .segment import Segment
+
+    seg = Segment.open_rw(path, layout, store_uuid, schema_hash, writable=False)
+    try:
+        ident = identity(os.fstat(seg.fileno()))
+        n = min(committed, seg.header.usable_records)
+        bad = scan(seg.header, layout, seg.stamps, seg.view, 0, n)
+        return ident, np.flatnonzero(bad).astype(np.int64)
+    finally:
+        seg.close()
+
+
+@dataclass(slots=True)
+class _Job:
+    name: str
+    committed: int
+
+
+class Checker:
+    """A store handle's checks: what the catalog remembers, what this process found, and the
+    background thread that checks large backlogs."""
+
+    def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
+                 catalog: Catalog, *, writable: bool) -> None:
+        self.dir = segments_dir
+        self.layout = layout
+        self.store_uuid = store_uuid
+        self.schema_hash = schema_hash
+        self.catalog = catalog
+        self.writable = writable
+        """Results are recorded in the catalog (else only in this process's memory)."""
+        self._records: dict[str, Any] = {}
+        self._catalog_size = -1  # size of the catalog when it was last read
+        self._running = False
+        self._cv = threading.Condition()
+        self._queue: list[_Job] = []
+        self._done: dict[str, tuple[tuple[int, ...] | None, np.ndarray | str]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.checked = 0
+        """Segments this handle checked by reading them."""
+
+    def known(self, name: str, ident: tuple[int, ...]) -> np.ndarray | None:
+        """Damaged slots of segment ``name`` if a check of this very file is remembered, else None."""
+        if name not in self._records:
+            try:
+                size = os.stat(self.catalog.path).st_size
+            except FileNotFoundError:
+                size = 0
+            if size != self._catalog_size:  # reread only when someone appended
+                self._records = self.catalog.read().checks if size else {}
+                self._catalog_size = size
+        rec = self._records.get(name)
+        if rec is None or tuple(rec.identity) != tuple(ident):
+            return None
+        return from_ranges(rec.bad)
+
+    def run(self, job: _Job) -> tuple[tuple[int, ...] | None, np.ndarray | str]:
+        """Check one segment now: ``(identity, damaged slots)``, or ``(None, why)`` if it cannot be read."""
+        from ..core.errors import CorruptSegmentError
+
+        try:
+            ident, bad = check_file(self.dir / job.name, self.layout, self.store_uuid, self.schema_hash, job.committed)
+        except CorruptSegmentError as exc:
+            return None, str(exc)
+        except FileNotFoundError:
+            return None, "gone"
+        self.checked += 1
+        self.record(job.name, ident, bad)
+        return ident, bad
+
+    def record(self, name: str, ident: tuple[int, ...], bad: np.ndarray) -> None:
+        """Remember a check (in the catalog when writable; a reader that cannot write re-checks
+        in each process)."""
+        if self.writable:
+            try:
+                self.catalog.checked(name, ident, to_ranges(bad))
+            except OSError as exc:  # a full disk or a read-only remount: the result stays in memory
+                log.debug("could not record the check of %s: %s", name, exc)
+
+    # -- the background thread ------------------------------------------------------------
+    def submit(self, jobs: list[_Job]) -> None:
+        with self._cv:
+            self._queue.extend(jobs)
+            self._cv.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="mmreplay-checker", daemon=True)
+                self._thread.start()
+
+    def take_done(self) -> dict[str, tuple[tuple[int, ...] | None, np.ndarray | str]]:
+        with self._cv:
+            done, self._done = self._done, {}
+        return done
+
+    def busy(self) -> bool:
+        with self._cv:
+            return bool(self._queue) or self._running
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the background queue is empty; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._queue and not self._running, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._queue or self._closed)
+                if self._closed:
+                    return
+                job = self._queue.pop(0)
+                self._running = True
+            result = self.run(job)
+            with self._cv:
+                self._done[job.name] = result
+                self._running = False
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._queue.clear()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
