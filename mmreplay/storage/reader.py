@@ -268,13 +268,15 @@ class StoreReader:
 
     def check_counts(self) -> dict[str, int]:
         """``damaged_rows`` left out of checked segments, ``unchecked_segments`` and
-        ``unchecked_rows`` not served yet, ``unreadable_segments`` left out for good."""
+        ``unchecked_rows`` not served yet, ``unreadable_segments`` left out for good, and
+        ``checked_segments``: how many this handle checked by reading them."""
         ms = list(self.segments.values())
         return {
             "damaged_rows": sum(len(m.patch.zero) for m in ms if m.patch is not None),
             "unchecked_segments": sum(m.pending for m in ms),
             "unchecked_rows": sum(m.committed for m in ms if m.pending),
             "unreadable_segments": sum(bool(m.failed) for m in ms),
+            "checked_segments": self.checker.checked if self.checker is not None else 0,
         }
 
     def _advise(self, m: _Mapped, *, first: bool = False) -> None:

@@ -89,6 +89,19 @@ def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
         assert all(json.loads(ln[9:]) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
 
 
+def test_catalog_survives_kill_9_during_an_export(filled, tmp_path):
+    """An export only reads the store: killed mid-way, the catalog is untouched and nothing is lost."""
+    before = (filled / "CATALOG.log").read_bytes()
+    code = "import sys, mmreplay.archive as a; a.export_archive(sys.argv[1], sys.argv[2])"
+    env = {**os.environ, "MMREPLAY_FAILPOINT": "archive_before_commit:2"}
+    p = subprocess.run([sys.executable, "-c", code, str(filled), str(tmp_path / "a.zarr")], env=env,
+                       capture_output=True, timeout=120)
+    assert p.returncode == -9, p.stderr.decode()
+    assert (filled / "CATALOG.log").read_bytes() == before
+    with mmreplay.open_store(filled, mode="a") as st:
+        assert st.lost_segments() == {} and st.verify() == []
+
+
 def test_a_full_disk_is_said_out_loud(tmp_path, caplog, monkeypatch):
     """Evicting for disk space warns once and is counted apart in info."""
 

@@ -1,0 +1,247 @@
+"""Damaged rows never reach a learner: sealed segments are checked once, damaged rows are left out
+of every sampler, view and export, counted where users look, and masked (not thrown away) by a
+repair. Random bit flips anywhere in a segment never crash a reader nor yield a damaged row."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import mmreplay
+from mmreplay import PrioritizedSampler, SequenceSampler, UniformSampler
+from mmreplay.cli.main import main as cli
+from mmreplay.storage.catalog import Catalog
+from mmreplay.storage.format import CONTROL_OFFSET, HEADER_SIZE, PAGE_SIZE
+
+R = 64  # rows per segment
+SCHEMA = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
+
+
+def write(path: Path, lanes: int, steps: int = 300) -> None:
+    """Episodes of 13 steps per lane (staggered); obs = (t, lane, code, 0) with code = 8t + lane + 1,
+    so a zeroed or damaged row can never pass ``valid``."""
+    s = mmreplay.create_store(path, SCHEMA, capacity=100_000, segment_records=R)
+    w = s.writer(lanes=lanes, publish_rows=1)  # one commit group per vector step
+    lane = np.arange(lanes)
+    for t in range(steps):
+        w.add(obs=np.stack([np.full(lanes, t), lane, 8 * t + lane + 1, np.zeros(lanes)], 1).astype(np.float32),
+              action=np.full(lanes, t, np.int64), reward=np.full(lanes, t, np.float32),
+              terminated=(t + lane) % 13 == 12, truncated=np.zeros(lanes, bool))
+    w.close()
+    s.close()
+
+
+def valid(obs: np.ndarray) -> bool:
+    o = np.asarray(obs, np.float64).reshape(-1, 4)
+    return bool(np.isfinite(o).all() and (o[:, 2] == 8 * o[:, 0] + o[:, 1] + 1).all())
+
+
+def segs(path: Path) -> list[Path]:
+    return sorted((path / "segments").glob("*.seg"))
+
+
+def damage(seg: Path, slot: int, field: str = "obs") -> None:
+    layout = Layout_of(seg.parent.parent)
+    with open(seg, "r+b") as fh:
+        fh.seek(layout.column(field).offset + slot * layout.record_bytes)
+        fh.write(b"\xff" * 4)
+
+
+def Layout_of(path: Path):  # noqa: N802 - a tiny helper
+    with mmreplay.open_store(path, mode="r") as s:
+        return s.layout
+
+
+@pytest.fixture(params=[1, 4], ids=["lanes1", "lanes4"])
+def damaged(request, tmp_path) -> tuple[Path, int]:
+    lanes = request.param
+    path = tmp_path / "s"
+    write(path, lanes)
+    damage(segs(path)[2], 5 * lanes + 1)  # mid-segment: the row and its lane predecessor are cut
+    damage(segs(path)[4], 0)  # the first row: the link to the previous segment is cut
+    return path, lanes
+
+
+def test_damaged_rows_are_never_sampled(damaged):
+    path, lanes = damaged
+    with mmreplay.open_store(path, mode="r") as s:
+        assert s.check_counts()["damaged_rows"] == 2 * lanes  # a commit group: one vector step
+        samplers = [UniformSampler(s, seed=0), UniformSampler(s, seed=1, n_step=3),
+                    UniformSampler(s, seed=2, frame_stack=4, n_step=3),
+                    UniformSampler(s, seed=3, frame_stack=4, mode="windowed", cache_bytes=3 * s.reader.copy_bytes,
+                                   swap_segments_per_s=1e6),
+                    PrioritizedSampler(s, seed=4, n_step=2, frame_stack=2)]
+        seen: set[int] = set()
+        for sampler in samplers:
+            for i in range(150):
+                b = sampler.sample(32)
+                assert valid(b.obs) and valid(b.next_obs), type(sampler).__name__
+                seen.update((b.ids // R).tolist())
+                if i % 10 == 0 and sampler.tier_stats()["mode"] == "windowed":
+                    sampler.finish_swap()  # rotate RAM copies in: they are patched too
+            assert sampler.tier_stats()["damaged_rows"] == 2 * lanes
+            sampler.close()
+        assert {2, 4} <= seen  # the damaged segments' good rows are still served
+        seq = SequenceSampler(s, 5, seed=5)
+        for _ in range(100):
+            b = seq.sample(16)
+            assert valid(b.fields["obs"][b.mask])  # rows past the episode's end are masked out
+        ids = s.transition_ids()
+        assert valid(s.transitions(ids).obs)  # every start a view offers is clean
+
+
+def test_a_check_is_remembered_until_the_file_changes(tmp_path):
+    path = tmp_path / "s"
+    write(path, 2)
+    with mmreplay.open_store(path, mode="a") as s:  # the writer recorded its segments as checked
+        assert s.check_counts()["checked_segments"] == 0 and s.check_counts()["damaged_rows"] == 0
+    damage(segs(path)[1], 3)
+    with mmreplay.open_store(path, mode="a") as s:  # changed since: read again, the result recorded
+        c = s.check_counts()
+        assert c["checked_segments"] == 1 and c["damaged_rows"] == 2  # one vector step: a commit group
+    assert any(r.bad for r in Catalog(path).read().checks.values())
+    with mmreplay.open_store(path, mode="r") as s:  # remembered: not read again
+        assert s.check_counts() == {**s.check_counts(), "checked_segments": 0, "damaged_rows": 2}
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)  # new files: checked again, in memory only for a read-only handle
+    for _ in range(2):
+        with mmreplay.open_store(copy, mode="r") as s:
+            assert s.check_counts()["checked_segments"] == len(segs(copy))
+
+
+def test_large_backlogs_are_checked_in_the_background(tmp_path, monkeypatch):
+    path = tmp_path / "s"
+    write(path, 1, steps=600)
+    damage(segs(path)[3], 7)
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    monkeypatch.setattr("mmreplay.storage.reader.SYNC_CHECK_BYTES", 0)
+    with mmreplay.open_store(copy, mode="r") as s:
+        c = s.check_counts()
+        assert len(s) + c["unchecked_rows"] == 600  # rows not checked yet are not served
+        assert s.wait_checked(timeout=60)
+        assert len(s) == 600 and s.check_counts()["unchecked_segments"] == 0
+        assert s.check_counts()["damaged_rows"] == 1
+        u = UniformSampler(s, seed=0, frame_stack=3)
+        for _ in range(100):
+            b = u.sample(32)
+            assert valid(b.obs) and valid(b.next_obs)
+
+
+def _regions(layout, lanes_rows: int) -> dict[str, tuple[int, int]]:
+    """Byte ranges of a segment's regions: header, control page, each column over the committed
+    rows (a column's bytes in every record), stamps."""
+    out = {"header": (0, HEADER_SIZE), "control": (CONTROL_OFFSET, CONTROL_OFFSET + 128)}
+    for c in layout.columns:
+        if c.name == "_stamps":
+            out["stamps"] = (c.offset, c.offset + 16 * lanes_rows)
+        else:
+            out[c.name] = (c.offset, c.offset + c.dtype.itemsize * max(1, int(np.prod(c.shape))))
+    return out
+
+
+def test_random_bit_flips_never_crash_a_reader_nor_yield_a_damaged_row(tmp_path):
+    base = tmp_path / "base"
+    write(base, 2, steps=200)
+    layout = Layout_of(base)
+    regions = _regions(layout, R)
+    rng = np.random.default_rng(7)
+    for region, (lo, hi) in regions.items():
+        for trial in range(4):
+            path = tmp_path / f"{region}-{trial}"
+            shutil.copytree(base, path)
+            victim = segs(path)[int(rng.integers(0, len(segs(path)) - 1))]  # a sealed one
+            off = int(rng.integers(lo, hi))
+            if region not in ("header", "control", "stamps"):
+                off += int(rng.integers(0, R)) * layout.record_bytes  # the column in a random row
+            with open(victim, "r+b") as fh:
+                fh.seek(off)
+                b = fh.read(1)[0]
+                fh.seek(off)
+                fh.write(bytes([b ^ (1 << int(rng.integers(0, 8)))]))
+            with mmreplay.open_store(path, mode="r", on_corrupt="skip") as s:
+                u = UniformSampler(s, seed=trial, n_step=2, frame_stack=2)
+                for _ in range(40):
+                    b = u.sample(16)
+                    assert valid(b.obs) and valid(b.next_obs), (region, off)
+                assert valid(s.transitions(s.transition_ids()).obs), (region, off)
+                problems = s.verify()
+            assert problems or region == "control", (region, off)  # one damaged control slot: the other is used
+
+
+def test_repair_masks_rows_and_keeps_ids_and_priorities(damaged, tmp_path):
+    path, lanes = damaged
+    with mmreplay.open_store(path, mode="a") as s:
+        rows = len(s)
+        p = PrioritizedSampler(s, seed=0)
+        b = p.sample(64)
+        p.update_priorities(b.ids, np.full(len(b), 5.0))
+        p.save()
+        p.close()
+    r = CliRunner().invoke(cli, ["verify", str(path)])
+    assert r.exit_code == 1 and r.output.count("fail their stamp or crc32c check") == 2
+    r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
+    assert r.exit_code == 0 and r.output.count(f"masked {lanes} damaged row(s)") == 2, r.output
+    assert len(segs(path)) == len(list((path / "segments").iterdir()))  # nothing quarantined
+    r = CliRunner().invoke(cli, ["verify", str(path)])
+    assert r.exit_code == 0 and f"{2 * lanes} damaged row(s) masked" in r.output
+    with mmreplay.open_store(path, mode="r") as s:
+        assert len(s) == rows and s.check_counts()["damaged_rows"] == 2 * lanes
+        p = PrioritizedSampler(s, seed=0)
+        assert p.priorities(b.ids).max() == pytest.approx((5.0 + 1e-6) ** 0.6)  # saved priorities still point at their rows
+        p.close()
+    r = CliRunner().invoke(cli, ["info", str(path)])
+    assert f"damaged      {2 * lanes} row(s)" in r.output and "masked by a repair" in r.output
+
+
+def test_export_never_archives_a_damaged_row(damaged, tmp_path):
+    path, lanes = damaged
+    from mmreplay.archive import export_archive, import_archive
+
+    report = export_archive(path, tmp_path / "a.zarr")
+    assert report.damaged_rows == 2 * lanes
+    imported = tmp_path / "back"
+    import_archive(tmp_path / "a.zarr", imported)
+    with mmreplay.open_store(imported, mode="r") as s:
+        u = UniformSampler(s, seed=0, n_step=3, frame_stack=2)
+        for _ in range(100):
+            b = u.sample(32)
+            assert valid(b.obs) and valid(b.next_obs)
+
+
+def test_train_and_info_report_damaged_rows(tmp_path):
+    path = tmp_path / "cp"
+    mmreplay.collect("CartPole-v1", path, 300, workers=0, seed=0, progress=False)
+    seg = segs(path)[0]
+    with mmreplay.open_store(path, mode="r") as s:
+        off = s.layout.column("obs").offset + 100 * s.layout.record_bytes
+    with open(seg, "r+b") as fh:
+        fh.seek(off)
+        fh.write(b"\xff" * 4)
+    r = subprocess.run([sys.executable, "-m", "mmreplay", "train", "--offline", "--store", str(path), "--eval-env",
+                        "CartPole-v1", "--eval-episodes", "1", "--steps", "20", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "DAMAGED" in r.stderr and "left out of every batch" in r.stderr
+    r = CliRunner().invoke(cli, ["info", str(path)])
+    assert "damaged" in r.output and "run `mmreplay verify`" in r.output
+
+
+def test_the_check_kernel_agrees_with_the_crc32c_package():
+    import crc32c
+
+    from mmreplay.storage._checkkernel import TABLE, crc_update
+
+    buf = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)
+    for n in (0, 1, 7, 8, 9, 63, 4099):
+        for seed in (0, 12345):
+            assert crc_update(seed, buf, 3, 3 + n, TABLE) == crc32c.crc32c(buf[3 : 3 + n].tobytes(), seed)
+
+
+assert PAGE_SIZE == CONTROL_OFFSET  # the regions above assume the control page follows the header page
