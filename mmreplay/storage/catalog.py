@@ -127,9 +127,13 @@ class Catalog:
                 if "id" in event:
                     state.checks[seg] = SegmentRecord(tuple(event["id"]))  # type: ignore[arg-type]
             elif kind in ("checked", "masked"):
-                state.checks[seg] = SegmentRecord(tuple(event["id"]),  # type: ignore[arg-type]
-                                                  tuple((int(a), int(b)) for a, b in event.get("bad", ())),  # type: ignore[union-attr]
-                                                  kind == "masked")
+                rec = SegmentRecord(tuple(event["id"]),  # type: ignore[arg-type]
+                                    tuple((int(a), int(b)) for a, b in event.get("bad", ())),  # type: ignore[union-attr]
+                                    kind == "masked")
+                old = state.checks.get(seg)
+                if old is not None and old.masked and old.identity == rec.identity and set(rec.bad) <= set(old.bad):
+                    continue  # a later check of the same file finds what a repair masked: still masked
+                state.checks[seg] = rec
             elif kind in DEPARTURES:
                 state.live.pop(seg, None)
                 if kind == "evicted":

@@ -66,7 +66,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "writers": writers,
         "evicted_segments": int(stats.get("evicted_segments", 0)),
         "evictions": catalog.evicted,  # by reason: capacity, disk (since the catalog existed)
-        "lost_segments": store.lost_segments(catalog),
+        "lost_segments": store.lost_segments(),  # lists, then reads the catalog: no eviction reads as a loss
         "unreadable_segments": {**r.skipped, **{m.name: m.failed for m in r.segments.values() if m.failed}},
         "damaged_rows": r.check_counts()["damaged_rows"],  # left out of every batch
         "masked_rows": store.masked_rows(),  # of those, acknowledged by a repair

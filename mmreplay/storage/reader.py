@@ -46,7 +46,7 @@ from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SE
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
-from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity
+from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
 
 if TYPE_CHECKING:
@@ -227,8 +227,6 @@ class StoreReader:
         finally:
             os.close(fd)
         self._advise(m)
-        from .checks import to_ranges
-
         log.warning("%s: %d damaged row(s) (slots %s) fail their stamp or crc32c check; left out of every batch "
                     "(run `mmreplay verify --repair` to acknowledge them)", self.dir / m.name, len(bad),
                     ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(bad)[:5]))
@@ -266,6 +264,10 @@ class StoreReader:
         if len(result):
             self._damaged(m, result)
 
+    def checks_waiting(self) -> bool:
+        """Some segment waits for a check nobody has started (a refresh with ``checks`` starts it)."""
+        return any(m.pending and not m.queued for m in self.segments.values())
+
     def check_counts(self) -> dict[str, int]:
         """``damaged_rows`` left out of checked segments, ``unchecked_segments`` and
         ``unchecked_rows`` not served yet, ``unreadable_segments`` left out for good, and
@@ -290,8 +292,9 @@ class StoreReader:
             self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
 
     # -- refresh --------------------------------------------------------------------------
-    def refresh(self, *, scan: bool = True) -> None:
-        """Pick up new segments (``scan``), new rows and evicted segments."""
+    def refresh(self, *, scan: bool = True, checks: bool = True) -> None:
+        """Pick up new segments (``scan``), new rows and evicted segments; ``checks``: also check
+        segments first seen sealed (else they wait, unserved, for a refresh that does)."""
         with self._lock:
             if scan:
                 self._scan()
@@ -300,7 +303,8 @@ class StoreReader:
                     self._read_control(m)  # sealed segments are immutable
                     if m.state == STATE_SEALED:
                         self._advise(m)
-            self._run_checks()
+            if checks:
+                self._run_checks()
             self._rebuild()
 
     def _scan(self) -> None:

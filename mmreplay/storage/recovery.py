@@ -35,6 +35,7 @@ from .format import PAGE_SIZE, STATE_SEALED, Header, Layout
 from ..core.errors import CorruptSegmentError
 from ..core.fs import fsync_dir
 from .segment import Segment, parse_segment_name, read_segment_meta
+from .checks import identity
 from .locks import ALLOC, writer_lock_name
 
 if TYPE_CHECKING:
@@ -157,9 +158,13 @@ def _recover_one(store: ReplayStore, path: Path, name: str, report: RecoveryRepo
         if dropped:
             report.dropped[name] = dropped
         log.info("recovered %s: kept %d rows, dropped %d", path, kept, dropped)
-        return kept
     finally:
         seg.close(fdatasync=True)
+    try:  # its writer checksummed the rows before ``synced``, recovery checked the rest: checked
+        store.catalog.checked(name, identity(os.stat(path)), ())
+    except OSError:
+        pass  # the first reader checks it
+    return kept
 
 
 def _remove(path: Path) -> None:

@@ -201,7 +201,9 @@ class ReplayStore:
         self._need_scan = False  # a writer of this handle made a segment
         self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
         self._warned_disk_full = False  # eviction warns once per handle when a full disk evicts
-        self.reader.refresh()
+        # a writable handle checks sealed segments it has not seen written at its first refresh,
+        # not here: a process that only writes never reads (nor checks) a row
+        self.reader.refresh(checks=mode == "r")
         self._check_catalog()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -287,10 +289,9 @@ class ReplayStore:
     def _check_catalog(self) -> None:
         """Catalogue sealed segments not in the catalog yet (writable handles), and warn once
         about segments the catalog expects whose files are gone (one read of the catalog)."""
-        state = self.catalog.read() if self.catalog.path.exists() else None
         if self.mode == "a":
             self.catalog_sealed({m.name: m.committed for m in self.reader.segments.values() if m.state == STATE_SEALED})
-        lost = self.lost_segments(state)
+        lost = self.lost_segments()
         if lost:
             names = sorted(lost)
             log.warning("%s: %d segment file(s) lost, %d rows: %s (not evicted; run `mmreplay verify`)", self.path,
@@ -309,12 +310,15 @@ class ReplayStore:
 
     def lost_segments(self, state: CatalogState | None = None) -> dict[str, int]:
         """Segments the catalog lists as sealed and never evicted or quarantined whose files are
-        gone: name -> rows lost (``state``: a catalog already read, else it is read now)."""
+        gone: name -> rows lost (``state``: a catalog read *after* the caller last listed the
+        directory, else it is read now)."""
+        # the directory is listed before the catalog is read: an eviction writes its departure before
+        # the file goes, so a file missing from the listing has its departure in the catalog read after
+        present = set(os.listdir(self.segments_dir))
         if state is None:
             if not self.catalog.path.exists():
                 return {}
             state = self.catalog.read()
-        present = set(os.listdir(self.segments_dir))
         return {name: rows for name, rows in state.live.items() if name not in present}
 
     def sealed_segment_rows(self) -> dict[str, int]:
@@ -388,7 +392,7 @@ class ReplayStore:
     def refresh_if_stale(self, interval_s: float) -> None:
         """Refresh when the last directory scan is older than ``interval_s`` or a writer of this
         handle made a segment since; otherwise only reread counts if one of them published."""
-        if time.monotonic() - self.reader.last_scan > interval_s or self._need_scan:
+        if time.monotonic() - self.reader.last_scan > interval_s or self._need_scan or self.reader.checks_waiting():
             self.refresh()
         elif self._dirty:
             self.refresh(scan=False)

@@ -103,6 +103,8 @@ def test_a_check_is_remembered_until_the_file_changes(tmp_path):
         assert s.check_counts()["checked_segments"] == 0 and s.check_counts()["damaged_rows"] == 0
     damage(segs(path)[1], 3)
     with mmreplay.open_store(path, mode="a") as s:  # changed since: read again, the result recorded
+        assert s.check_counts()["unchecked_segments"] == 1  # a writable handle checks at its first refresh
+        s.refresh()
         c = s.check_counts()
         assert c["checked_segments"] == 1 and c["damaged_rows"] == 2  # one vector step: a commit group
     assert any(r.bad for r in Catalog(path).read().checks.values())
@@ -178,6 +180,7 @@ def test_random_bit_flips_never_crash_a_reader_nor_yield_a_damaged_row(tmp_path)
 def test_repair_masks_rows_and_keeps_ids_and_priorities(damaged, tmp_path):
     path, lanes = damaged
     with mmreplay.open_store(path, mode="a") as s:
+        s.refresh()  # a writable handle checks what it has not seen written at its first refresh
         rows = len(s)
         p = PrioritizedSampler(s, seed=0)
         b = p.sample(64)
