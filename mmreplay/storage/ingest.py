@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c as _crc32c
 import numpy as np
 
+from .checks import identity
 from .format import STATE_SEALED, Header, group_seed
 from ..core.fs import fsync_dir
 from ..core.errors import SchemaError, StoreLockedError
@@ -108,6 +109,10 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
     seg.close(fdatasync=True)
     os.rename(stage / name, store.segments_dir / name)
     fsync_dir(store.segments_dir)
+    try:  # stamped and checksummed here from the rows given: checked (``checks.py``)
+        store.catalog.checked(name, identity(os.stat(store.segments_dir / name)), ())
+    except OSError:
+        pass  # the first reader checks it
     return store.segments_dir / name
 
 

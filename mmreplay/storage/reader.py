@@ -140,6 +140,7 @@ class StoreReader:
         self.pinned: dict[int, int] = {}
         """Segment id -> open fd of each segment whose window holds a RAM copy (``pin``)."""
         self.pin_owner: object | None = None  # the one resident set allowed to pin (tiers.py)
+        self._unstarted = False  # a segment waits for a check not started yet
         self._lock = threading.RLock()  # window changes: map, release, pin, unpin, unmap_pages
 
     # -- mapping --------------------------------------------------------------------------
@@ -198,7 +199,7 @@ class StoreReader:
         if m.state == STATE_SEALED and self.checker is not None:
             bad = self.checker.known(name, ident)
             if bad is None:
-                m.pending = True
+                m.pending = self._unstarted = True
             elif len(bad):
                 self._damaged(m, bad)
         return m
@@ -238,40 +239,39 @@ class StoreReader:
         c = self.checker
         if c is None:
             return
+        by_name = {m.name: m for m in self.segments.values()}
         for name, (ident, result) in c.take_done().items():
-            m = next((x for x in self.segments.values() if x.name == name), None)
-            if m is not None:
-                self._checked(m, ident, result)
+            if name in by_name:
+                self._checked(by_name[name], ident, result)
         todo = [m for m in self.segments.values() if m.pending and not m.queued]
-        if not todo:
-            return
-        if not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
+        self._unstarted = False  # every one is checked or queued below
+        if todo and not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
             for m in todo:
                 self._checked(m, *c.run(_Job(m.name, m.committed)))
-            return
-        for m in todo:
-            m.queued = True
-        c.submit([_Job(m.name, m.committed) for m in sorted(todo, key=lambda x: x.header.segment_id)])
+        elif todo:
+            todo.sort(key=lambda x: x.header.segment_id)  # oldest first
+            c.submit([_Job(m.name, m.committed) for m in todo])
+            for m in todo:
+                m.queued = True
 
     def _checked(self, m: _Mapped, ident: tuple[int, ...] | None, result: np.ndarray | str) -> None:
         m.pending = m.queued = False
-        if ident is None:
-            if result != "gone":
-                m.failed = str(result)
-                log.warning("%s: left out: %s", self.dir / m.name, result)
-            return
-        assert isinstance(result, np.ndarray)
-        if len(result):
-            self._damaged(m, result)
+        if ident is None and result != "gone":
+            m.failed = str(result)
+            log.warning("%s: left out: %s", self.dir / m.name, result)
+        elif ident is not None and len(result):
+            self._damaged(m, np.asarray(result))
 
     def checks_waiting(self) -> bool:
-        """Some segment waits for a check nobody has started (a refresh with ``checks`` starts it)."""
-        return any(m.pending and not m.queued for m in self.segments.values())
+        """Some segment waits for a check nobody has started (a refresh with ``checks`` starts
+        it). O(1): asked before every draw."""
+        return self._unstarted
 
     def check_counts(self) -> dict[str, int]:
         """``damaged_rows`` left out of checked segments, ``unchecked_segments`` and
         ``unchecked_rows`` not served yet, ``unreadable_segments`` left out for good, and
-        ``checked_segments``: how many this handle checked by reading them."""
+        ``checked_segments``: how many this handle checked by reading them. A writable handle
+        starts its checks at its first ``refresh()`` (or ``len``), not when it opens."""
         ms = list(self.segments.values())
         return {
             "damaged_rows": sum(len(m.patch.zero) for m in ms if m.patch is not None),

@@ -360,6 +360,8 @@ class ReplayStore:
         this handle's own writers' last append."""
         if self.reader is None:
             return 0
+        if self.reader.checks_waiting():
+            self.refresh()  # rows of segments checked now count (a writable handle defers checks)
         self.sync_local()
         return self.reader.snapshot.total_rows
 
@@ -367,15 +369,13 @@ class ReplayStore:
         return self.num_rows
 
     def check_counts(self) -> dict[str, int]:
-        """Checks of sealed segments as of the last refresh (see ``mmreplay.storage.checks``):
-        ``damaged_rows`` left out of every batch, ``unchecked_segments`` and ``unchecked_rows``
-        not served until checked, ``unreadable_segments`` left out for good."""
+        """Checks of sealed segments as of the last refresh (``mmreplay.storage.checks``): see
+        ``StoreReader.check_counts``."""
         self._check()
         return self.reader.check_counts()
 
     def wait_checked(self, timeout: float | None = None) -> bool:
-        """Wait until every sealed segment seen so far is checked and its rows are served (a
-        large unchecked store is checked in the background); False on timeout."""
+        """Wait until every sealed segment seen so far is checked and served; False on timeout."""
         from .checks import wait_checked
 
         self._check()
