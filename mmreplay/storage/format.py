@@ -17,7 +17,8 @@ A segment file is fixed-size and fully preallocated:
 
 Why a crc per commit group rather than per row: one crc32c call per column slice keeps a
 batched append vectorized (a per-row crc costs a Python call per row); the price is that
-corruption is located, and salvage drops data, at the granularity of one append.
+corruption is located, and readers leave rows out (``checks.py``), at the granularity of one commit
+group (the rows published together: one append, or up to ``publish_rows`` single adds).
 
 The layout depends only on the schema and ``segment_records``, so every segment of a
 store has the same layout and a reader can view a field across all segments with one strided
