@@ -94,7 +94,8 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int]:
             cut.append(sid * R + np.setdiff1d(patch.last, patch.zero))
         n = int(s.committed[k])
         last = np.array(r.is_last[int(s.windows[k]), :n])
-        carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if h.chain_index else None
+        linked = h.chain_index and not (patch is not None and patch.cut_pred)  # a damaged first row cuts the link
+        carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if linked else None
         ep, first, out = segment_episodes(last, segment_id=sid, segment_records=R, lanes=h.lanes,
                                           chain_index=h.chain_index, carry=carry)
         cache[(h.writer_id, h.session_epoch, h.chain_index)] = out

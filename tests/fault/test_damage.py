@@ -218,6 +218,33 @@ def test_export_never_archives_a_damaged_row(damaged, tmp_path):
             assert valid(b.obs) and valid(b.next_obs)
 
 
+def test_the_loader_never_hands_over_a_damaged_row(damaged):
+    pytest.importorskip("torch")
+    from mmreplay.loader import BatchLoader
+
+    path, lanes = damaged
+    with mmreplay.open_store(path, mode="r") as s, \
+            BatchLoader(UniformSampler(s, seed=0, frame_stack=2, n_step=2), 32, device="cpu") as loader:
+        for _, b in zip(range(60), loader):
+            assert valid(b.obs.numpy()) and valid(b.next_obs.numpy())
+
+
+def test_minari_export_leaves_out_damaged_rows_and_the_pieces_they_cut(damaged, tmp_path, monkeypatch):
+    minari = pytest.importorskip("minari")
+    pytest.importorskip("h5py")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    from mmreplay.interop.minari import export_minari
+
+    path, lanes = damaged
+    with mmreplay.open_store(path, mode="r") as s:
+        rep = export_minari(s, "mmreplay/damaged/cut-v0")
+    ds = minari.load_dataset("mmreplay/damaged/cut-v0")
+    assert ds.total_episodes == rep.episodes > 0
+    for ep in ds.iterate_episodes():
+        assert valid(ep.observations)
+        assert ep.terminations[-1] or ep.truncations[-1]  # no episode ends at a damaged row
+
+
 def test_train_and_info_report_damaged_rows(tmp_path):
     path = tmp_path / "cp"
     mmreplay.collect("CartPole-v1", path, 300, workers=0, seed=0, progress=False)
