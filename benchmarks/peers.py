@@ -31,6 +31,8 @@ from __future__ import annotations
 import importlib
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -82,6 +84,12 @@ class Peer(Protocol):
         """Draw ``batch_size`` transitions uniformly, as NumPy arrays."""
         ...
 
+    def native(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+               terminated: np.ndarray, truncated: np.ndarray) -> Callable[[], None]:
+        """The library's own add call on these transitions, its inputs prebuilt in the library's
+        native form (as a user of it already has them): calling it runs nothing but that call."""
+        ...
+
 
 class Sb3Peer:
     """Stable-Baselines3 ``ReplayBuffer`` (in-RAM NumPy arrays, samples as torch tensors).
@@ -129,6 +137,12 @@ class Sb3Peer:
         timeouts = (truncated & ~terminated).tolist()
         infos = [self._TIMEOUT_INFO if t else self._NO_TIMEOUT_INFO for t in timeouts]
         self._rb.add(obs, next_obs, action, reward, terminated | truncated, infos)
+
+    def native(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+               terminated: np.ndarray, truncated: np.ndarray) -> Callable[[], None]:
+        # a VecEnv user has ``dones`` and ``infos`` from ``step``: they are built here, untimed
+        infos = [self._TIMEOUT_INFO if t else self._NO_TIMEOUT_INFO for t in (truncated & ~terminated).tolist()]
+        return partial(self._rb.add, obs, next_obs, action, reward, terminated | truncated, infos)
 
     def sample(self, batch_size: int) -> Batch:
         s = self._rb.sample(batch_size)
@@ -188,6 +202,11 @@ class CpprbPeer:
             truncated=truncated,
         )
 
+    def native(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+               terminated: np.ndarray, truncated: np.ndarray) -> Callable[[], None]:
+        return partial(self._rb.add, obs=obs, next_obs=next_obs, action=action, reward=reward,
+                       terminated=terminated, truncated=truncated)
+
     def sample(self, batch_size: int) -> Batch:
         s = self._rb.sample(batch_size)
         return {
@@ -241,10 +260,16 @@ class TorchRLPeer:
         terminated: np.ndarray,
         truncated: np.ndarray,
     ) -> None:
+        self.native(obs, next_obs, action, reward, terminated, truncated)()
+
+    def native(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+               terminated: np.ndarray, truncated: np.ndarray) -> Callable[[], None]:
+        # a TorchRL user's env already returns TensorDicts: built here, untimed
         from_numpy = self._torch.from_numpy
         if self.n_envs == 1:
             # Single transition: drop the leading dim (0-d arrays for the scalars).
-            self._rb.add(
+            return partial(
+                self._rb.add,
                 self._td_cls(
                     {
                         "obs": from_numpy(obs[0]),
@@ -255,10 +280,10 @@ class TorchRLPeer:
                         "truncated": from_numpy(truncated.reshape(())),
                     },
                     batch_size=[],
-                )
+                ),
             )
-            return
-        self._rb.extend(
+        return partial(
+            self._rb.extend,
             self._td_cls(
                 {
                     "obs": from_numpy(obs),
@@ -269,7 +294,7 @@ class TorchRLPeer:
                     "truncated": from_numpy(truncated),
                 },
                 batch_size=[obs.shape[0]],
-            )
+            ),
         )
 
     def sample(self, batch_size: int) -> Batch:
