@@ -135,25 +135,25 @@ def open_store(
     *,
     on_corrupt: Literal["raise", "skip"] = "raise",
     verify: Literal["off", "strict", "salvage"] = "off",
+    check_at_open: bool | None = None,
 ) -> ReplayStore:
     """Open an existing store: ``"r"`` to read (no locks, no writes) or ``"a"`` to also write.
 
     ``on_corrupt``: a segment file with a bad header, wrong size or foreign origin raises
-    ``CorruptSegmentError`` (``"raise"``, the default) or is left out and reported by ``info()``
-    (``"skip"``). ``mmreplay verify --repair`` quarantines such files.
+    ``CorruptSegmentError`` (``"raise"``, the default) or is left out and reported (``"skip"``).
 
-    ``verify``: ``"off"`` (default) trusts checksummed rows once published; ``"strict"`` checks
-    every row's stamp and crc32c before it becomes visible and raises ``CorruptSegmentError`` on
-    a mismatch; ``"salvage"`` leaves the damaged rows (and the rest of their segment) out and
-    reports them in ``info()``. Checking costs one crc32c pass over the data, once.
+    Sealed segments are always checked once before their rows are served (``mmreplay.storage.checks``;
+    ``check_at_open``: start those checks at open, the default for ``"r"``, or at the first
+    ``refresh()``, the default for ``"a"``). ``verify`` is about rows of segments being written:
+    ``"off"`` (default) serves them as their writer published them; ``"strict"`` checks each one's
+    stamp and crc32c before it becomes visible and raises ``CorruptSegmentError`` on a mismatch;
+    ``"salvage"`` leaves the damaged rows (and the rest of their segment) out.
     """
-    if verify not in ("off", "strict", "salvage"):
-        raise ValueError(f"`verify` must be 'off', 'strict' or 'salvage', got {verify!r}")
-    if mode not in ("r", "a"):
-        raise ValueError(f"`mode` must be 'r' or 'a', got {mode!r}")
-    if on_corrupt not in ("raise", "skip"):
-        raise ValueError(f"`on_corrupt` must be 'raise' or 'skip', got {on_corrupt!r}")
-    return ReplayStore(Path(path), mode, on_corrupt=on_corrupt, verify=verify)
+    for name, value, allowed in (("verify", verify, ("off", "strict", "salvage")), ("mode", mode, ("r", "a")),
+                                 ("on_corrupt", on_corrupt, ("raise", "skip"))):
+        if value not in allowed:
+            raise ValueError(f"`{name}` must be {' or '.join(map(repr, allowed))}, got {value!r}")
+    return ReplayStore(Path(path), mode, on_corrupt=on_corrupt, verify=verify, check_at_open=check_at_open)
 
 
 class ReplayStore:
@@ -165,7 +165,7 @@ class ReplayStore:
     """
 
     def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "raise",
-                 verify: Literal["off", "strict", "salvage"] = "off") -> None:
+                 verify: Literal["off", "strict", "salvage"] = "off", check_at_open: bool | None = None) -> None:
         self.path = path
         self.mode = mode
         m = read_manifest(path)
@@ -203,7 +203,7 @@ class ReplayStore:
         self._warned_disk_full = False  # eviction warns once per handle when a full disk evicts
         # a writable handle checks sealed segments it has not seen written at its first refresh,
         # not here: a process that only writes never reads (nor checks) a row
-        self.reader.refresh(checks=mode == "r")
+        self.reader.refresh(checks=mode == "r" if check_at_open is None else check_at_open)
         self._check_catalog()
 
     # -- lifecycle ------------------------------------------------------------------------
