@@ -167,12 +167,7 @@ class StoreReader:
                 self.region.move_into(m.window, old.address(m.window), self.copy_bytes)
                 remap[sid] = m.window
                 continue
-            fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                self._map_window(m, fd)
-            finally:
-                os.close(fd)
-            self._advise(m)
+            self._remap(m)
             remap[sid] = m.window
         self._free = sorted(set(range(self.region.slots)) - set(remap.values()), reverse=True)
         self._build_views()
@@ -214,6 +209,15 @@ class StoreReader:
         self._write_patch(m, addr)
         self.region.move_into(m.window, addr, self.layout.file_size)
 
+    def _remap(self, m: _Mapped) -> None:
+        """Map ``m``'s file into its window again (``_map_window``), with its access hint."""
+        fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._map_window(m, fd)
+        finally:
+            os.close(fd)
+        self._advise(m)
+
     def _write_patch(self, m: _Mapped, addr: int) -> None:
         assert m.patch is not None
         write_private(addr, self.layout.file_size, lambda buf: apply_patch(m.patch, self.layout, buf))
@@ -222,12 +226,7 @@ class StoreReader:
         """Exclude ``m``'s damaged slots ``bad`` from this reader's view (see ``checks.py``); ``m``
         is not in the snapshot yet (never resident)."""
         m.patch = damage_patch(bad, m.header.lanes)
-        fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self._map_window(m, fd)
-        finally:
-            os.close(fd)
-        self._advise(m)
+        self._remap(m)
         log.warning("%s: %d damaged row(s) (slots %s) fail their stamp or crc32c check; left out of every batch "
                     "(run `mmreplay verify --repair` to acknowledge them)", self.dir / m.name, len(bad),
                     ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(bad)[:5]))

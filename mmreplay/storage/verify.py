@@ -160,8 +160,9 @@ def repair_store(store: ReplayStore) -> tuple[list[str], list[Problem]]:
             store.catalog.departed(problem.file, "quarantined")  # before the file goes
             src.rename(src.with_name(src.name + ".corrupt"))
             actions.append(f"quarantined {problem.file} as {problem.file}.corrupt ({problem.reason})")
+        masks = _masks(store)  # one read of the catalog for every segment masked below
         for name, ranges in masked.items():
-            old = _masks(store).get(name)
+            old = masks.get(name)
             ident = identity(os.stat(store.segments_dir / name))
             keep = old.bad if old is not None and tuple(old.identity) == ident else ()
             slots = np.union1d(from_ranges(tuple(ranges)), from_ranges(keep))
