@@ -42,7 +42,10 @@ from ..storage.reader import (  # noqa: E402, F401  (re-exported for the other k
     SEG_FIRST,
     SEG_ID,
     SEG_LANES,
+    SEG_BUCKET,
+    SEG_NBUCKETS,
     SEG_PRED,
+    SEG_SHIFT,
     SEG_SUCC,
     SEG_USABLE,
 )
@@ -232,21 +235,19 @@ def gather_at(seg, region, rec_bytes, ks, slots, fields, out, big):  # pragma: n
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def draw_rows(state, n, seg):  # pragma: no cover - compiled
-    """``n`` committed rows drawn uniformly, as (snapshot segment index, slot)."""
+    """``n`` committed rows drawn uniformly, as (snapshot segment index, slot), located through
+    the table's draw index (``storage.reader.index_draws``)."""
     nseg = seg.shape[0]
     rand = draw(state, n, seg[nseg - 1, SEG_CUM_END], np.empty(n, np.int64))
     ks = np.empty(n, np.int64)
     slots = np.empty(n, np.int64)
+    shift = seg[0, SEG_SHIFT]
     for j in range(n):
         u = rand[j]
-        lo = 0
-        hi = nseg
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if seg[mid, SEG_CUM_END] <= u:
-                lo = mid + 1
-            else:
-                hi = mid
+        b = u >> shift
+        lo = seg[b // SEG_NBUCKETS, SEG_BUCKET + b % SEG_NBUCKETS]
+        while seg[lo, SEG_CUM_END] <= u:
+            lo += 1
         ks[j] = lo
         slots[j] = u - (seg[lo, SEG_CUM_END] - seg[lo, SEG_COMMITTED])
     return ks, slots
