@@ -147,8 +147,9 @@ def _env_spaces(env: str | Callable[[], Any], atari: bool | None, max_episode_st
 
 def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_space: Any, *,
                    capacity: int = 1_000_000, metadata: dict[str, Any] | None = None,
-                   segment_records: int | None = None) -> Any:
-    """Open the store at ``path`` for appending, or create it from the spaces if it does not exist.
+                   segment_records: int | None = None, writers: int = 1) -> Any:
+    """Open the store at ``path`` for appending, or create it from the spaces if it does not exist
+    (``writers``: how many will append at once, which sizes a new store's default segments).
 
     :func:`mmreplay.storage.open_or_create` with the schema the spaces give (its one
     compatibility rule: the same schema, and ``segment_records`` when given).
@@ -157,7 +158,7 @@ def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_
     from ..storage.opening import open_or_create as _open
 
     return _open(path, Schema.from_spaces(observation_space, action_space), capacity,
-                 segment_records=segment_records, metadata=metadata, what="this env")
+                 segment_records=segment_records, metadata=metadata, what="this env", writers=writers)
 
 
 def collect(
@@ -233,7 +234,7 @@ def collect(
     base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
             "mmreplay_version": __version__, **extra}
     st = open_or_create(store, obs_space, act_space, capacity=capacity, segment_records=segment_records,
-                        metadata={**base, **(metadata or {})})
+                        metadata={**base, **(metadata or {})}, writers=max(workers, 1))
     n_workers = max(workers, 1)
     shares = _split(steps, n_workers)
     cfgs = [WorkerConfig(w, env, str(st.path), -(-shares[w] // envs_per_worker) * envs_per_worker, envs_per_worker,

@@ -50,7 +50,7 @@ def restricted_table(table: np.ndarray, include: np.ndarray) -> np.ndarray:
     """A copy of a segment table whose draws (``SEG_CUM_END``) only land in segments where
     ``include`` is True; every other column is unchanged, so views still walk into the
     excluded segments."""
-    from ..storage.reader import SEG_COMMITTED, SEG_CUM_END, index_draws
+    from ..storage.table import SEG_COMMITTED, SEG_CUM_END, index_draws
 
     t = table.copy()
     t[:, SEG_CUM_END] = np.cumsum(t[:, SEG_COMMITTED] * include)

@@ -30,10 +30,20 @@ _COUNTER = struct.Struct("<QQ")
 _COUNTER_SLOT = 32
 
 
-def default_segment_records(schema: Schema, target_bytes: int = 32 << 20) -> int:
-    """Rows per segment so that a segment is about ``target_bytes`` (a multiple of 1024)."""
+def default_segment_records(schema: Schema, capacity: int | None = None, writers: int = 1,
+                            target_bytes: int = 32 << 20) -> int:
+    """Rows per segment: about ``target_bytes`` per segment (a multiple of 1024), and, given a
+    ``capacity``, at most ``capacity // (4 * (writers + 1))`` (but at least 1024).
+
+    A full store holds at most ``capacity + (writers + 1) * segment_records`` rows (eviction
+    keeps at least ``capacity``; see ``eviction.py``), so with ``writers`` writers appending at
+    once the default keeps it under ``1.25 * capacity + (writers + 1) * 1024``.
+    """
     per_row = Layout.of(schema, 1).record_bytes + 16
-    return int(min(1 << 20, max(1024, target_bytes // per_row // 1024 * 1024)))
+    rows = int(min(1 << 20, max(1024, target_bytes // per_row // 1024 * 1024)))
+    if capacity is None:
+        return rows
+    return min(rows, max(1024, int(capacity) // (4 * (max(1, int(writers)) + 1))))
 
 
 def manifest_bytes(body: dict[str, Any]) -> bytes:
@@ -100,3 +110,14 @@ def read_counter(path: Path) -> tuple[int, int, int]:
     if best is None:
         raise CorruptStoreError(f"{path}: both counter slots are damaged", hint="run `mmreplay verify --repair`")
     return best
+
+
+def bump_stat(store_path: Path, key: str, n: int) -> None:
+    """Add ``n`` to counter ``key`` of the store's ``stats.json`` (replaced atomically)."""
+    path = store_path / "stats.json"
+    try:
+        stats = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        stats = {}
+    stats[key] = int(stats.get(key, 0)) + n
+    atomic_write(path, json.dumps(stats).encode())

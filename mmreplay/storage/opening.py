@@ -30,13 +30,15 @@ def open_or_create(
     on_full: OnFull = "evict",
     metadata: dict[str, Any] | None = None,
     what: str = "this run",
+    writers: int = 1,
 ) -> ReplayStore:
     """Open the store at ``path`` for appending (``mode="a"``), or create it if there is none.
 
     The one compatibility rule: an existing store is used only if its schema is ``schema``
     (the same fields, in order, with the same dtypes and shapes: the schema hash) and, when
-    ``segment_records`` is given, it has that many rows per segment. ``capacity``, ``on_full``
-    and ``metadata`` only apply to a store created here. Otherwise ``SchemaError`` names the
+    ``segment_records`` is given, it has that many rows per segment. ``capacity``, ``on_full``,
+    ``metadata`` and ``writers`` (sizes the default segments, see ``create_store``) only apply
+    to a store created here. Otherwise ``SchemaError`` names the
     first field (or setting) that differs, with what the store has and what ``what`` gives.
 
     Two processes creating the store at once both end up appending to one store. A directory
@@ -50,7 +52,7 @@ def open_or_create(
     if not p.exists():
         try:
             return create_store(p, schema, capacity, segment_records=segment_records, on_full=on_full,
-                                metadata=metadata)
+                                metadata=metadata, writers=writers)
         except StoreExistsError:
             pass
     store = ReplayStore(p, "a")

@@ -48,6 +48,8 @@ from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
 from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
+from .table import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID, SEG_LANES, SEG_PRED,
+                    SEG_SUCC, SEG_USABLE, index_draws)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,37 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _HUGE_SLOTS = 8 * HUGE_PAGE  # segments at least this large get HUGE_PAGE-multiple windows (<= 25% more)
 
-
-# columns of the segment table (one row per snapshot segment), the compiled kernels' view of a snapshot
-SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED, SEG_FIRST = range(9)
-# the draw index: bucket b (rows [b << shift, (b + 1) << shift) of the cumulative order) starts in
-# the segment at row b // SEG_NBUCKETS, column SEG_BUCKET + b % SEG_NBUCKETS; every row holds shift
-SEG_SHIFT, SEG_BUCKET, SEG_NBUCKETS = 9, 10, 4
-SEG_COLS = SEG_BUCKET + SEG_NBUCKETS
-
-
-def index_draws(t: np.ndarray) -> np.ndarray:
-    """Fill ``t``'s draw index from its ``SEG_CUM_END`` column (in place; returns ``t``).
-
-    A draw ``u`` lands in the first segment whose cumulative end exceeds it. A binary search over
-    the segments costs one unpredictable branch per level (about 5 us per batch of 256 draws at 16
-    segments, 12 us at 245, in ``python benchmarks/run.py``'s segment phase when this was written);
-    with ``SEG_NBUCKETS`` buckets per segment, a draw reads its bucket's first segment and steps
-    past the (on average at most 1/``SEG_NBUCKETS``) segment ends inside the bucket.
-    """
-    n = len(t)
-    if n == 0:
-        return t
-    cum = t[:, SEG_CUM_END]
-    total = int(cum[-1])
-    shift = 0
-    while (max(total - 1, 0) >> shift) >= n * SEG_NBUCKETS:
-        shift += 1
-    starts = np.arange(n * SEG_NBUCKETS, dtype=np.int64) << shift
-    first = np.minimum(np.searchsorted(cum, starts, side="right"), n - 1)
-    t[:, SEG_SHIFT] = shift
-    t[:, SEG_BUCKET:SEG_BUCKET + SEG_NBUCKETS] = first.reshape(n, SEG_NBUCKETS)
-    return t
 
 
 @dataclass(slots=True)

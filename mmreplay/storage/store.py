@@ -15,14 +15,12 @@ Invariants kept here:
   thousand rows or a hundred million;
 * segment ids only grow (the counter is persisted before a segment is made), and only the
   allocation/eviction critical section takes the store-wide ``alloc.lock``, for milliseconds;
-* eviction deletes the oldest *sealed* segments, never an open one, and only while the sealed
-  segments left still hold at least ``capacity`` rows (so a full store keeps at least
-  ``capacity`` rows, and at most ``capacity`` plus one segment, plus one segment per writer).
+* eviction deletes the oldest *sealed* segments, never an open one, and only while the rows left
+  are at least ``capacity`` (a full store keeps from ``capacity`` to ``capacity`` + writers + 1 segments).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -48,6 +46,7 @@ from .manifest import (
     MANIFEST,
     STORE_FORMAT,
     STORE_MAGIC,
+    bump_stat,
     default_segment_records,
     manifest_bytes,
     read_counter,
@@ -77,6 +76,7 @@ def create_store(
     segment_records: int | None = None,
     on_full: OnFull = "evict",
     metadata: dict[str, Any] | None = None,
+    writers: int = 1,
 ) -> ReplayStore:
     """Create a new store at ``path`` (which must not exist) and open it with ``mode="a"``.
 
@@ -87,15 +87,21 @@ def create_store(
         deleted while the others still hold at least ``capacity`` rows (``on_full="evict"``),
         or ``StoreFullError`` is raised (``on_full="error"``).
     segment_records
-        Rows per segment file (default: about 32 MiB per segment). A writer with ``lanes``
-        lanes uses ``segment_records // lanes * lanes`` of them.
+        Rows per segment file (a writer with ``lanes`` lanes uses ``segment_records // lanes *
+        lanes``). A full store holds at most ``capacity + (writers + 1) * segment_records``
+        rows; the default, ``capacity // (4 * (writers + 1))`` (at least 1,024, at most ~32 MiB
+        a segment), keeps that under ``1.25 * capacity + (writers + 1) * 1024``.
+    writers
+        Writers expected to append at once: it only sizes the default segments.
     metadata
         JSON-serialisable facts about the data (env id, policy, seeds), kept in the manifest.
     """
     p = Path(path)
     if not isinstance(schema, Schema):
         raise SchemaError(f"`schema` must be a mmreplay.Schema, got {type(schema).__name__}")
-    segment_records = default_segment_records(schema) if segment_records is None else int(segment_records)
+    if segment_records is None:
+        segment_records = default_segment_records(schema, capacity, writers)
+    segment_records = int(segment_records)
     if segment_records < 1:
         raise ValueError(f"`segment_records` must be >= 1, got {segment_records}")
     if capacity < 1:
@@ -332,13 +338,7 @@ class ReplayStore:
 
     def bump_stat(self, key: str, n: int) -> None:
         """Add ``n`` to counter ``key`` of ``stats.json`` (evictions)."""
-        path = self.path / "stats.json"
-        try:
-            stats = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            stats = {}
-        stats[key] = int(stats.get(key, 0)) + n
-        atomic_write(path, json.dumps(stats).encode())
+        bump_stat(self.path, key, n)
 
     # -- reading --------------------------------------------------------------------------
     def refresh(self, *, scan: bool = True) -> None:

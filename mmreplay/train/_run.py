@@ -385,7 +385,7 @@ def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
     meta = {"env_id": cfg.env_id, "atari": cfg.atari, "source": "mmreplay train",
             **spaces_to_json(envs.single_observation_space, envs.single_action_space)}
     return open_or_create(cfg.store, schema, cfg.capacity, segment_records=cfg.segment_records, metadata=meta,
-                          what=str(cfg.env_id))
+                          what=str(cfg.env_id), writers=max(cfg.actors, 1))
 
 
 def count_actions(space: Any) -> int:

@@ -103,3 +103,35 @@ def test_interleaved_writers_stay_within_the_documented_capacity_bound(tmp_path,
     assert 2000 <= reader.num_rows and worst <= bound and store.info()["evicted_segments"] > 0
     reader.close()
     store.close()
+
+
+@pytest.mark.parametrize("n_writers", [1, 2])
+def test_default_segments_keep_a_full_store_near_its_capacity(tmp_path, n_writers):
+    """With default segment sizes, a full store holds between capacity and 1.25 x capacity +
+    (writers + 1) x 1,024 rows at every moment: segments follow the capacity (not ~32 MiB each,
+    which kept 5x the rows asked for a small capacity)."""
+    cap, lanes = 16_000, 8
+    path = tmp_path / "s"
+    mmreplay.create_store(path, SCHEMA, capacity=cap, writers=n_writers).close()
+    store = mmreplay.open_store(path, mode="a")
+    reader = mmreplay.open_store(path)
+    assert 1024 <= store.segment_records <= cap // 8
+    writers = [store.writer(lanes=lanes) for _ in range(n_writers)]
+    bound, worst = 1.25 * cap + (n_writers + 1) * 1024, 0
+    zeros = np.zeros(lanes, bool)
+    for i in range(3 * cap // lanes // n_writers):
+        for k, w in enumerate(writers):
+            w.add(obs=np.full((lanes, 3), i, np.float32), action=np.full(lanes, k, np.int64),
+                  reward=np.ones(lanes, np.float32), terminated=zeros, truncated=zeros)
+        if i % 64 == 0:
+            time.sleep(1e-3)  # lets the background segment makers run, as between real env steps
+            reader.refresh()
+            worst = max(worst, reader.num_rows)
+    for w in writers:
+        w.close()
+    reader.refresh()
+    worst = max(worst, reader.num_rows)
+    assert cap <= reader.num_rows and worst <= bound, (reader.num_rows, worst, bound)
+    assert store.info()["evicted_segments"] > 0
+    reader.close()
+    store.close()
