@@ -1,12 +1,14 @@
 """Collect throughput: env steps/s stored by `mmreplay.collect` vs the same envs stepped without storing.
 
-    python benchmarks/collect.py [--quick] [--envs CartPole-v1 ALE/Pong-v5]
+    python benchmarks/collect.py [--quick] [--envs CartPole-v1 ALE/Pong-v5] [--capacity N]
 
 For each env (CartPole with E=8 and E=32 copies per worker, Atari with E=4) and W in (1, 2) worker
 processes it runs, interleaved and 3 times (median):
 * env only: W spawned processes each stepping a sync vector env of E copies with random actions;
 * collect: `mmreplay.collect` with the same W, E and policy, into a fresh store.
-The storing overhead is 1 - collect/env-only in steps/s (target: under 10%), the median of the
+The store's capacity is the run's steps (no eviction; default segments of steps / (4 x (W + 1))
+rows), or ``--capacity`` (a small store: small segments, one made and one evicted every
+capacity / (4 x (W + 1)) rows). The storing overhead is 1 - collect/env-only in steps/s (target: under 10%), the median of the
 interleaved pairs; ``cpu`` is the same from the CPU time per env step of the stepping loops (every
 thread of every worker process), which other jobs on the machine disturb less than wall time.
 """
@@ -53,12 +55,12 @@ def env_only(env_id: str, steps: int, workers: int, envs: int) -> tuple[float, f
     return n / max(r[1] for r in res), sum(r[2] for r in res) / n
 
 
-def stored(env_id: str, steps: int, workers: int, envs: int, tmp: str) -> tuple[float, float]:
+def stored(env_id: str, steps: int, workers: int, envs: int, tmp: str, capacity: int | None) -> tuple[float, float]:
     """(env steps/s, CPU seconds per env step)"""
     path = tempfile.mkdtemp(dir=tmp)
     shutil.rmtree(path)
     r = collect(env_id, path, steps, workers=workers, envs_per_worker=envs, seed=0, progress=False,
-                capacity=max(steps, 1000))
+                capacity=capacity or max(steps, 1000))
     assert not r.errors, r.errors
     shutil.rmtree(path)
     return r.steps / r.loop_seconds, r.loop_cpu_seconds / r.steps
@@ -69,6 +71,7 @@ def main() -> None:
     ap.add_argument("--envs", nargs="+", default=["CartPole-v1", "ALE/Pong-v5"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--capacity", type=int, default=None, help="store capacity (default: the run's steps)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="mmreplay-collect-bench-", dir="/var/tmp")
     try:
@@ -81,7 +84,7 @@ def main() -> None:
                 a, b = [], []
                 for _ in range(args.repeats):
                     a.append(env_only(env_id, steps, W, E))
-                    b.append(stored(env_id, steps, W, E, tmp))
+                    b.append(stored(env_id, steps, W, E, tmp, args.capacity))
                 ea, eb = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
                 wall = statistics.median(1 - y[0] / x[0] for x, y in zip(a, b))
                 cpu = statistics.median(y[1] / x[1] - 1 for x, y in zip(a, b))

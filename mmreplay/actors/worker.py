@@ -263,8 +263,10 @@ def run_worker(
         budget = math.inf if cfg.steps is None else cfg.steps
         if next_step:
             # gather up to T vector steps, then one add_batch and one vectorized count of the episodes
-            # (gather_steps or 256 KiB: rows reach readers that much later; the flush costs little per step)
-            T = max(1, min(cfg.gather_steps, (256 << 10) // (E * row_bytes)))
+            # (gather_steps or 256 KiB: rows reach readers that much later; the flush costs little per step),
+            # and at most half a segment: a block then needs at most the one spare segment the writer
+            # makes in the background, never one made on the spot (small stores have small segments)
+            T = max(1, min(cfg.gather_steps, (256 << 10) // (E * row_bytes), store.segment_records // (2 * E)))
             buf = _StepBuffer(writers[0], T, stats, fresh_actions=ours)
             new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
             prev_done = np.zeros(E, bool)

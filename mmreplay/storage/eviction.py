@@ -79,7 +79,6 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
         evicted.append(sid)
     if evicted:
         fsync_dir(store.segments_dir)
-        store.bump_stat("evicted_segments", len(evicted))
         log.debug("evicted segments %s from %s", evicted, store.path)
         if force_one and not store._warned_disk_full:  # once per store handle
             store._warned_disk_full = True

@@ -64,7 +64,8 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "segment_files": files,
         "bytes_used": int(s.total_rows) * (store.layout.record_bytes + STAMP_DTYPE.itemsize),
         "writers": writers,
-        "evicted_segments": int(stats.get("evicted_segments", 0)),
+        # the catalog counts evictions; stats.json (written before it did) is read as a floor
+        "evicted_segments": max(int(stats.get("evicted_segments", 0)), sum(catalog.evicted.values())),
         "evictions": catalog.evicted,  # by reason: capacity, disk (since the catalog existed)
         "lost_segments": store.lost_segments(),  # lists, then reads the catalog: no eviction reads as a loss
         "unreadable_segments": {**r.skipped, **{m.name: m.failed for m in r.segments.values() if m.failed}},

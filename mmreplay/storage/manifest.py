@@ -111,13 +111,3 @@ def read_counter(path: Path) -> tuple[int, int, int]:
         raise CorruptStoreError(f"{path}: both counter slots are damaged", hint="run `mmreplay verify --repair`")
     return best
 
-
-def bump_stat(store_path: Path, key: str, n: int) -> None:
-    """Add ``n`` to counter ``key`` of the store's ``stats.json`` (replaced atomically)."""
-    path = store_path / "stats.json"
-    try:
-        stats = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        stats = {}
-    stats[key] = int(stats.get(key, 0)) + n
-    atomic_write(path, json.dumps(stats).encode())

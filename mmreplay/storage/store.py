@@ -46,7 +46,6 @@ from .manifest import (
     MANIFEST,
     STORE_FORMAT,
     STORE_MAGIC,
-    bump_stat,
     default_segment_records,
     manifest_bytes,
     read_counter,
@@ -335,10 +334,6 @@ class ReplayStore:
     def segment_state(self, path: Path) -> tuple[int, int, int]:
         """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
         return segment_state(path)
-
-    def bump_stat(self, key: str, n: int) -> None:
-        """Add ``n`` to counter ``key`` of ``stats.json`` (evictions)."""
-        bump_stat(self.path, key, n)
 
     # -- reading --------------------------------------------------------------------------
     def refresh(self, *, scan: bool = True) -> None:
