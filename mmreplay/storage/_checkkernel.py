@@ -2,15 +2,18 @@
 
 A commit group starting at slot ``i`` is valid iff its stamps agree (every row ``j`` of it has
 ``seq == first_seq + j + 1``, and the group's crc and length ``k``; ``k >= 1``; the group ends
-inside the segment's usable rows and at or before ``stop``) and the crc32c of its records,
-seeded with (store uuid, segment id, ``i``, first seq, session epoch, ``k``) as in
-``format.group_seed``, equals the stamped crc.
+inside the segment's usable rows and at or before ``stop``), the crc32c of its records, seeded
+with (store uuid, segment id, ``i``, first seq, session epoch, ``k``) as in
+``format.group_seed``, equals the stamped crc, and (format 2) every row's digest matches.
 
-``scan_groups`` walks every group up to ``stop``. A group whose stamps agree but whose crc does
-not match is damaged as a whole (its ``k`` rows are flagged); a row whose stamp disagrees is
-flagged alone and the walk resumes at the next row, so one damaged stamp never hides the groups
-after it. With ``first_only`` the walk stops at the first damaged row (recovery's longest valid
-prefix). One Python-level crc32c call per group cost ~3 us, i.e. ~25 MB/s for single-row groups
+``scan_groups`` walks every group up to ``stop``. In format 2 each row also carries its own
+digest (``format.row_digests``, in the high half of the stamp's ``seq`` field, whose low half is
+then the row number's low 32 bits): a row whose digest does not match is flagged alone, and a
+group whose crc fails with every digest matching (format 1, where there are none, or damage to
+the group's shared stamps) is flagged whole. A row whose stamp disagrees is flagged alone and
+the walk resumes at the next row, so one damaged stamp never hides the groups after it. With
+``first_only`` the walk stops at the first invalid group (recovery's longest valid prefix of
+whole groups). One Python-level crc32c call per group cost ~3 us, i.e. ~25 MB/s for single-row groups
 of CartPole-sized rows; this kernel's table-driven crc32c (slice-by-8, ~1.5 GB/s on this
 machine kind) checks any group size at disk speed.
 
@@ -57,33 +60,83 @@ def crc_update(crc, buf, lo, hi, t):  # pragma: no cover - compiled
     return c ^ np.uint32(0xFFFFFFFF)
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def crc_and_digests(crc, words, base, nrows, row_words, mults, t, out):  # pragma: no cover - compiled
+    """``crc_update`` over ``nrows`` whole-word records starting at word ``base`` of ``words``
+    (uint64), and each record's ``row_digest`` into ``out``, in one pass: the digest's multiplies
+    overlap the crc's table lookups, so the digests cost the check almost nothing."""
+    c = np.uint32(crc) ^ np.uint32(0xFFFFFFFF)
+    idx = base
+    for r in range(nrows):
+        h = np.uint64(0)
+        for w in range(row_words):
+            x = words[idx]
+            idx += 1
+            h += x * mults[w]
+            lo = c ^ np.uint32(x & np.uint64(0xFFFFFFFF))
+            hi = np.uint32(x >> np.uint64(32))
+            c = (t[7, lo & 0xFF] ^ t[6, (lo >> np.uint32(8)) & 0xFF] ^ t[5, (lo >> np.uint32(16)) & 0xFF]
+                 ^ t[4, lo >> np.uint32(24)] ^ t[3, hi & 0xFF] ^ t[2, (hi >> np.uint32(8)) & 0xFF]
+                 ^ t[1, (hi >> np.uint32(16)) & 0xFF] ^ t[0, hi >> np.uint32(24)])
+        out[r] = (h ^ (h >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    return c ^ np.uint32(0xFFFFFFFF)
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _put_u64(buf, off, v):  # pragma: no cover - compiled
     for b in range(8):
         buf[off + b] = np.uint8((np.uint64(v) >> np.uint64(8 * b)) & np.uint64(0xFF))
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def row_digest(data, words, lo, rec_bytes, mults):  # pragma: no cover - compiled
+    """``format.row_digests`` of the one record at ``data[lo:lo + rec_bytes]`` (``words``: the
+    same bytes as little-endian uint64, read directly when the record is whole words)."""
+    h = np.uint64(0)
+    if (lo | rec_bytes) & 7 == 0:
+        base = lo >> 3
+        for w in range(mults.shape[0]):
+            h += words[base + w] * mults[w]
+    else:
+        for w in range(mults.shape[0]):
+            word = np.uint64(0)
+            for b in range(8):
+                if 8 * w + b < rec_bytes:
+                    word |= np.uint64(data[lo + 8 * w + b]) << np.uint64(8 * b)
+            h += word * mults[w]
+    return (h ^ (h >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _seq_ok(q, want, v2):  # pragma: no cover - compiled
+    if v2:
+        return (q & np.uint64(0xFFFFFFFF)) == (np.uint64(want) & np.uint64(0xFFFFFFFF))
+    return q == np.uint64(want)
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def scan_groups(seq, crcs, glens, data, records_offset, rec_bytes, first_seq, usable, start, stop, seed, t,
-                bad, first_only):  # pragma: no cover - compiled
-    """Flag in ``bad`` (uint8, one per slot) every row of ``[start, stop)`` in a damaged group.
+def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_seq, usable, start, stop, seed, t,
+                bad, first_only, v2, mults):  # pragma: no cover - compiled
+    """Flag in ``bad`` (uint8, one per slot) every damaged row of ``[start, stop)``.
 
     ``seq``/``crcs``/``glens``: the stamp column's fields; ``data``: the whole segment file as
-    bytes; ``seed``: 56 bytes packed as ``format.group_seed`` packs them (only the store uuid,
-    segment id and epoch need be filled: slot, first seq and length are written here). Returns
+    bytes (``words``: as uint64); ``seed``: 56 bytes packed as ``format.group_seed`` packs them (only the store uuid,
+    segment id and epoch need be filled: slot, first seq and length are written here); ``v2``:
+    the segment is format 2 (``mults``: ``format.digest_multipliers`` for its records). Returns
     the number of rows flagged, or with ``first_only`` the first damaged slot (``stop`` if none).
     """
     s = seed.copy()
+    dig = np.empty(64, np.uint64)  # the digests of the group being checked
     nbad = 0
     i = start
     while i < stop:
         q = seq[i]
         k = np.int64(glens[i])
-        ok = q == np.uint64(first_seq + i + 1) and k >= 1 and i + k <= usable and i + k <= stop
+        ok = _seq_ok(q, first_seq + i + 1, v2) and k >= 1 and i + k <= usable and i + k <= stop
         if ok:
             c0 = crcs[i]
             for j in range(i + 1, i + k):
-                if seq[j] != np.uint64(first_seq + j + 1) or crcs[j] != c0 or np.int64(glens[j]) != k:
+                if not _seq_ok(seq[j], first_seq + j + 1, v2) or crcs[j] != c0 or np.int64(glens[j]) != k:
                     ok = False
                     break
         if not ok:  # this row's stamp disagrees: flag it alone and look for a group at the next row
@@ -94,16 +147,35 @@ def scan_groups(seq, crcs, glens, data, records_offset, rec_bytes, first_seq, us
             i += 1
             continue
         _put_u64(s, 24, i)
-        _put_u64(s, 32, q)
+        _put_u64(s, 32, first_seq + i + 1)  # the full row number (format 2 keeps only 32 bits of it)
         _put_u64(s, 48, k)
         c = crc_update(0, s, 0, 56, t)
         lo = records_offset + i * rec_bytes
-        c = crc_update(c, data, lo, lo + k * rec_bytes, t)
-        if c != crcs[i]:
-            if first_only:
-                return i
+        located = 0
+        if v2 and (lo | rec_bytes) & 7 == 0:  # whole words: crc and digests in one pass
+            if dig.shape[0] < k:
+                dig = np.empty(2 * k, np.uint64)
+            c = crc_and_digests(c, words, lo >> 3, k, rec_bytes >> 3, mults, t, dig)
+        else:
+            c = crc_update(c, data, lo, lo + k * rec_bytes, t)
+            if v2:
+                if dig.shape[0] < k:
+                    dig = np.empty(2 * k, np.uint64)
+                for j in range(k):
+                    dig[j] = row_digest(data, words, lo + j * rec_bytes, rec_bytes, mults)
+        if v2:  # every row's own digest: a damaged row (or stamp) is flagged alone
             for j in range(i, i + k):
-                bad[j] = 1
-            nbad += k
+                if dig[j - i] != seq[j] >> np.uint64(32):
+                    located += 1
+                    if not first_only:
+                        bad[j] = 1
+        if c != crcs[i] and located == 0:  # format 1, or the damage is in the group's shared stamps
+            located = k
+            if not first_only:
+                for j in range(i, i + k):
+                    bad[j] = 1
+        if located and first_only:
+            return i  # recovery keeps whole groups
+        nbad += located
         i += k
     return stop if first_only else nbad

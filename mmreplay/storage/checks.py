@@ -16,9 +16,9 @@ Invariants:
   ``Checker``'s background thread; ``ReplayStore.wait_checked`` waits for it). Rows of open
   segments are served as their writer published them (the writer computed their checksums from
   the bytes it wrote) and, after a crash, only once recovery has checked them;
-* damaged rows are excluded one commit group at a time (the unit a crc covers: one append
-  call, i.e. one row for single adds, one vector-env step of ``lanes`` rows), with every
-  transition or window that needs them (``damage_patch``);
+* damaged rows are excluded one by one (format 2 segments: a failed commit group crc is located
+  by the row digests, ``format.py``; format 1 segments: a whole commit group, the rows one
+  append published), with every transition or window that needs them (``damage_patch``);
 * the check never changes the file: exclusion is a patch of the reader's private copy-on-write
   view of it.
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import IS_LAST, Header, Layout
+from .format import IS_LAST, Header, Layout, digest_multipliers
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -83,8 +83,11 @@ def scan(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, s
     k = _kernel()
     buf = np.frombuffer(data, np.uint8)
     bad = np.zeros(layout.segment_records, np.uint8)
-    out = k.scan_groups(stamps["seq"], stamps["crc"], stamps["glen"], buf, layout.records_offset, layout.record_bytes,
-                        h.first_seq, h.usable_records, start, stop, _seed(h), k.TABLE, bad, first_only)
+    mults = digest_multipliers(-(-layout.record_bytes // 8))
+    words = buf[: len(buf) // 8 * 8].view("<u8")
+    out = k.scan_groups(stamps["seq"], stamps["crc"], stamps["glen"], buf, words, layout.records_offset, layout.record_bytes,
+                        h.first_seq, h.usable_records, start, stop, _seed(h), k.TABLE, bad, first_only,
+                        h.format_version >= 2, mults)
     return int(out) if first_only else bad.view(np.bool_)
 
 

@@ -9,16 +9,24 @@ A segment file is fixed-size and fully preallocated:
   write last, with ``version + 1``; readers take the valid slot with the higher version, so a
   torn control write falls back to the previous one;
 * then the rows, as fixed-size records holding every field and the derived ``is_last`` flag
-  (see ``Layout``), and, 4096-aligned after them, the stamp column: per row ``seq: u64, crc: u32, glen: u32``. ``seq`` is the writer-session row
-  number + 1 (0 = never written); ``crc`` is the crc32c of the row's *commit group* (the rows
-  published by one append), seeded with store uuid, segment id, first slot, first seq, session
-  epoch and group length, so torn, stale or misplaced rows fail validation; ``glen`` is the
-  group's length.
+  (see ``Layout``), and, 4096-aligned after them, the stamp column: per row ``seq: u64, crc: u32,
+  glen: u32``. ``crc`` is the crc32c of the row's *commit group* (the rows published together:
+  one append, or up to ``publish_rows`` single adds), seeded with store uuid, segment id, first
+  slot, first seq, session epoch and group length, so torn, stale or misplaced rows fail
+  validation; ``glen`` is the group's length. ``seq`` holds the writer-session row number + 1
+  (0 = never written): all 64 bits in format 1; in format 2 its low 32 bits, and in the high 32
+  bits the row's own digest (``row_digests``).
 
-Why a crc per commit group rather than per row: one crc32c call per column slice keeps a
-batched append vectorized (a per-row crc costs a Python call per row); the price is that
-corruption is located, and readers leave rows out (``checks.py``), at the granularity of one commit
-group (the rows published together: one append, or up to ``publish_rows`` single adds).
+Why a crc per commit group: one crc32c call per group keeps a batched append vectorized (a
+per-row crc32c costs a Python call per row), and a group is all-or-nothing after a crash
+(recovery keeps whole groups). Why a row digest too (format 2): a group can be large (an
+``add_batch`` of 256 vector steps, an ingested segment), and damage found by the group crc is
+then located row by row: only rows whose digest no longer matches are left out (``checks.py``).
+The digest is a multiply-sum of the record's little-endian 64-bit words with fixed odd
+multipliers (mod 2**64), folded to 32 bits: one ``numpy.dot`` per group, and a change to any one
+word always changes the sum (an odd multiplier is invertible). It is only read when the group crc fails, so it costs the check nothing
+otherwise. Format 1 segments (written before it) are read as they are: damage there is located
+per commit group.
 
 The layout depends only on the schema and ``segment_records``, so every segment of a
 store has the same layout and a reader can view a field across all segments with one strided
@@ -29,7 +37,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import crc32c as _crc32c
 import numpy as np
@@ -40,7 +49,9 @@ if TYPE_CHECKING:
     from ..core.schema import Schema
 
 MAGIC = b"MMRSEG\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what new segments are written as
+READ_VERSIONS = (1, 2)  # what this mmreplay reads
+SEQ_MASK = 0xFFFFFFFF  # format 2: the seq bits of a stamp's ``seq`` field (the digest is above them)
 PAGE_SIZE = 4096
 CONTROL_OFFSET = PAGE_SIZE
 CONTROL_SLOT_SIZE = 64
@@ -215,8 +226,9 @@ class Header:
         )
         if magic != MAGIC:
             raise CorruptSegmentError(f"{path}: bad magic {magic!r}, not an mmreplay segment")
-        if version != FORMAT_VERSION:
-            raise FormatVersionError(f"{path}: format version {version}, this mmreplay reads {FORMAT_VERSION}")
+        if version not in READ_VERSIONS:
+            raise FormatVersionError(f"{path}: format version {version}, this mmreplay reads versions "
+                                     f"{', '.join(map(str, READ_VERSIONS))}")
         (crc,) = _HEADER_CRC.unpack_from(buf, _HEADER.size)
         if crc != crc32c(body) or hsize != HEADER_SIZE:
             raise CorruptSegmentError(f"{path}: header checksum mismatch")
@@ -269,3 +281,42 @@ def read_control(buf: bytes | memoryview) -> tuple[Control | None, int]:
 def group_seed(header: Header, start: int, seq0: int, k: int) -> int:
     """The crc seed binding a commit group to its store, segment, slot, sequence and session."""
     return crc32c(_SEED.pack(header.store_uuid, header.segment_id, start, seq0, header.session_epoch, k))
+
+
+def seq_field(header: Header, seq: int) -> int:
+    """What a stamp's ``seq`` field holds for row number ``seq`` (digest bits aside): the number
+    itself in format 1, its low 32 bits in format 2."""
+    return seq if header.format_version < 2 else seq & SEQ_MASK
+
+
+def seq_matches(header: Header, field: int, seq: int) -> bool:
+    """A stamp's ``seq`` field is row number ``seq``'s (ignoring format 2's digest bits)."""
+    return (int(field) if header.format_version < 2 else int(field) & SEQ_MASK) == seq_field(header, seq)
+
+
+@lru_cache(maxsize=64)
+def digest_multipliers(words: int) -> np.ndarray:
+    """The row digest's fixed odd multipliers, one per 64-bit word (splitmix64 of the index)."""
+    z = np.arange(1, words + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    z |= np.uint64(1)
+    z.setflags(write=False)
+    return z
+
+
+def row_digests(view: Any, layout: Layout, start: int, stop: int) -> np.ndarray:
+    """The digests (uint64, < 2**32) of rows ``[start, stop)``: each record's little-endian
+    64-bit words (zero-padded to a whole word) dotted with ``digest_multipliers`` (mod 2**64),
+    high and low halves xor-ed. ``view``: a buffer of the whole segment file."""
+    lo, hi = layout.records_span(start, stop)
+    n, rec = stop - start, layout.record_bytes
+    raw = np.frombuffer(view, np.uint8, hi - lo, lo).reshape(n, rec)
+    words = -(-rec // 8)
+    if rec % 8:
+        padded = np.zeros((n, words * 8), np.uint8)
+        padded[:, :rec] = raw
+        raw = padded
+    h = np.dot(raw.view("<u8"), digest_multipliers(words))
+    return (h ^ (h >> np.uint64(32))) & np.uint64(SEQ_MASK)

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, read_control
+from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, read_control,
+                     seq_matches)
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
@@ -338,7 +339,7 @@ class StoreReader:
         n = min(control.committed, m.header.usable_records)
         # stamps are written before the count that points at them; if the last one is not
         # visible yet (weakly ordered CPU), keep the previous count
-        if n > m.committed and self.stamps[m.window, n - 1]["seq"] != m.header.first_seq + n:
+        if n > m.committed and not seq_matches(m.header, self.stamps[m.window, n - 1]["seq"], m.header.first_seq + n):
             return
         if self.verify != "off" and n > m.committed:
             n = self._verified(m, n)

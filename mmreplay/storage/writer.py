@@ -9,9 +9,9 @@ returns, so the plain vector-env loop stores episodes RLDS/Minari style (T+1 obs
 
 Append protocol: validate the whole batch (nothing written on error);
 allocate every segment the batch will need (a full disk fails here, before any write); copy the
-payload into the records; then, per commit group, write the stamps (seq, group crc, group
-length) and only then publish the new committed count in the control slot. One crc32c call per
-commit group, no Python loop per row or lane.
+payload into the records; then, per commit group, write the stamps (seq and row digest, group
+crc, group length) and only then publish the new committed count in the control slot. One
+crc32c call and one digest ``numpy.dot`` per commit group, no Python loop per row or lane.
 
 Group commit. Rows are stamped and published in groups: at once when ``publish_rows`` (default
 64) rows are waiting or the segment is full, otherwise by a background publisher thread at most
@@ -59,7 +59,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ..core import failpoint as _failpoint
-from .format import STATE_SEALED, group_seed
+from .format import SEQ_MASK, STATE_SEALED, group_seed, row_digests
 from ._supply import SegmentSupply
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
@@ -451,12 +451,12 @@ class Writer:
         crc = group_seed(seg.header, p, seq0 + 1, k)
         lo, hi = self.layout.records_span(p, n)
         crc = _extend(seg.view[lo:hi], crc)
-        if k == 1:
-            seg.stamp_seq[p] = seq0 + 1
-            seg.stamp_tail[p] = crc | (1 << 32)
-        else:
-            np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=seg.stamp_seq[p:n])
-            seg.stamp_tail[p:n] = crc | (k << 32)
+        digests = row_digests(seg.view, self.layout, p, n)  # this writer's segments are format 2
+        out = seg.stamp_seq[p:n]
+        np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=out)
+        np.bitwise_and(out, np.uint64(SEQ_MASK), out=out)
+        np.bitwise_or(out, np.left_shift(digests, np.uint64(32), out=digests), out=out)
+        seg.stamp_tail[p:n] = crc | (k << 32)
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")
         if self.durability == "batch":

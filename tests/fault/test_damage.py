@@ -71,7 +71,7 @@ def damaged(request, tmp_path) -> tuple[Path, int]:
 def test_damaged_rows_are_never_sampled(damaged):
     path, lanes = damaged
     with mmreplay.open_store(path, mode="r") as s:
-        assert s.check_counts()["damaged_rows"] == 2 * lanes  # a commit group: one vector step
+        assert s.check_counts()["damaged_rows"] == 2  # one row each: the row digests locate the damage
         samplers = [UniformSampler(s, seed=0), UniformSampler(s, seed=1, n_step=3),
                     UniformSampler(s, seed=2, frame_stack=4, n_step=3),
                     UniformSampler(s, seed=3, frame_stack=4, mode="windowed", cache_bytes=3 * s.reader.copy_bytes,
@@ -85,7 +85,7 @@ def test_damaged_rows_are_never_sampled(damaged):
                 seen.update((b.ids // R).tolist())
                 if i % 10 == 0 and sampler.tier_stats()["mode"] == "windowed":
                     sampler.finish_swap()  # rotate RAM copies in: they are patched too
-            assert sampler.tier_stats()["damaged_rows"] == 2 * lanes
+            assert sampler.tier_stats()["damaged_rows"] == 2
             sampler.close()
         assert {2, 4} <= seen  # the damaged segments' good rows are still served
         seq = SequenceSampler(s, 5, seed=5)
@@ -106,10 +106,10 @@ def test_a_check_is_remembered_until_the_file_changes(tmp_path):
         assert s.check_counts()["unchecked_segments"] == 1  # a writable handle checks at its first refresh
         s.refresh()
         c = s.check_counts()
-        assert c["checked_segments"] == 1 and c["damaged_rows"] == 2  # one vector step: a commit group
+        assert c["checked_segments"] == 1 and c["damaged_rows"] == 1  # the damaged row only
     assert any(r.bad for r in Catalog(path).read().checks.values())
     with mmreplay.open_store(path, mode="r") as s:  # remembered: not read again
-        assert s.check_counts() == {**s.check_counts(), "checked_segments": 0, "damaged_rows": 2}
+        assert s.check_counts() == {**s.check_counts(), "checked_segments": 0, "damaged_rows": 1}
     copy = tmp_path / "copy"
     shutil.copytree(path, copy)  # new files: checked again, in memory only for a read-only handle
     for _ in range(2):
@@ -190,17 +190,17 @@ def test_repair_masks_rows_and_keeps_ids_and_priorities(damaged, tmp_path):
     r = CliRunner().invoke(cli, ["verify", str(path)])
     assert r.exit_code == 1 and r.output.count("fail their stamp or crc32c check") == 2
     r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
-    assert r.exit_code == 0 and r.output.count(f"masked {lanes} damaged row(s)") == 2, r.output
+    assert r.exit_code == 0 and r.output.count("masked 1 damaged row(s)") == 2, r.output
     assert len(segs(path)) == len(list((path / "segments").iterdir()))  # nothing quarantined
     r = CliRunner().invoke(cli, ["verify", str(path)])
-    assert r.exit_code == 0 and f"{2 * lanes} damaged row(s) masked" in r.output
+    assert r.exit_code == 0 and "2 damaged row(s) masked" in r.output
     with mmreplay.open_store(path, mode="r") as s:
-        assert len(s) == rows and s.check_counts()["damaged_rows"] == 2 * lanes
+        assert len(s) == rows and s.check_counts()["damaged_rows"] == 2
         p = PrioritizedSampler(s, seed=0)
         assert p.priorities(b.ids).max() == pytest.approx((5.0 + 1e-6) ** 0.6)  # saved priorities still point at their rows
         p.close()
     r = CliRunner().invoke(cli, ["info", str(path)])
-    assert f"damaged      {2 * lanes} row(s)" in r.output and "masked by a repair" in r.output
+    assert "damaged      2 row(s)" in r.output and "masked by a repair" in r.output
 
 
 def test_export_never_archives_a_damaged_row(damaged, tmp_path):
@@ -208,7 +208,7 @@ def test_export_never_archives_a_damaged_row(damaged, tmp_path):
     from mmreplay.archive import export_archive, import_archive
 
     report = export_archive(path, tmp_path / "a.zarr")
-    assert report.damaged_rows == 2 * lanes
+    assert report.damaged_rows == 2
     imported = tmp_path / "back"
     import_archive(tmp_path / "a.zarr", imported)
     with mmreplay.open_store(imported, mode="r") as s:
@@ -275,3 +275,53 @@ def test_the_check_kernel_agrees_with_the_crc32c_package():
 
 
 assert PAGE_SIZE == CONTROL_OFFSET  # the regions above assume the control page follows the header page
+
+
+def _as_format_1(seg_path: Path, layout) -> None:
+    """Rewrite a sealed segment as the format 1 writer left it: header version 1, full row numbers
+    in the stamps' ``seq`` field (no row digests), and the seal over those stamps."""
+    import crc32c
+
+    from mmreplay.storage.format import Header, STATE_SEALED
+    from mmreplay.storage.segment import Segment
+
+    with open(seg_path, "r+b") as fh:
+        h = Header.unpack(fh.read(HEADER_SIZE), seg_path)
+        fh.seek(0)
+        fh.write(Header(*[getattr(h, f) for f in Header.__dataclass_fields__ if f != "format_version"],
+                        format_version=1).pack())
+    with mmreplay.open_store(seg_path.parent.parent, mode="r") as s:
+        uuid, shash = s.store_uuid, s.schema.hash
+    seg = Segment.open_rw(seg_path, layout, uuid, shash)
+    n = seg.control.committed
+    seg.stamp_seq[:n] = np.arange(h.first_seq + 1, h.first_seq + n + 1, dtype=np.uint64)
+    seg.publish(n, state=STATE_SEALED, seal_crc=crc32c.crc32c(seg.view[layout.stamps_offset:][: 16 * n]))
+    seg.close()
+
+
+def test_one_damaged_row_of_a_large_commit_group_is_left_out_alone(tmp_path):
+    """Format 2: a whole add_batch is one commit group, and its row digests locate the damage to
+    the one row; format 1 segments (no digests) are still read, damage located per group."""
+    path = tmp_path / "s"
+    s = mmreplay.create_store(path, SCHEMA, capacity=100_000, segment_records=R)
+    w = s.writer(lanes=1)
+    t = np.arange(4 * R, dtype=np.float32)
+    w.add_batch(obs=np.stack([t, 0 * t, 8 * t + 1, 0 * t], 1)[:, None], action=t.astype(np.int64)[:, None],
+                reward=t[:, None], terminated=(t % 13 == 12)[:, None], truncated=np.zeros((4 * R, 1), bool))
+    w.close()
+    s.close()
+    layout = Layout_of(path)
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    for p in (path, old):
+        damage(segs(p)[1], 7)
+    for seg in segs(old):
+        _as_format_1(seg, layout)
+    for p, expect in ((path, 1), (old, R)):  # one row, or the whole group (a segment's share of the batch)
+        with mmreplay.open_store(p, mode="r") as s:
+            assert len(s) == 4 * R and s.check_counts()["damaged_rows"] == expect
+            u = UniformSampler(s, seed=0, n_step=2, frame_stack=2)
+            for _ in range(50):
+                b = u.sample(32)
+                assert valid(b.obs) and valid(b.next_obs)
+            assert [(pr.file, pr.rows) for pr in s.verify()] == [(segs(p)[1].name, ((7, 8),) if expect == 1 else ((0, R),))]
