@@ -15,7 +15,7 @@ run in background threads so that the append path only swaps pointers:
   on a full disk *before* any of it is written;
 * ``retire(seg)`` closes a sealed segment: durably in the background for ``segment``
   durability (``wait()`` collects those syncs and raises their errors), at once otherwise; then
-  records its file as checked in the catalog (``checks.py``).
+  catalogues it as sealed, its file identity recorded as checked (``checks.py``).
 
 Every segment of a session is written by that session only; the chain index
 and first sequence number in its header let readers follow a lane from segment to segment.
@@ -36,8 +36,6 @@ from .segment import Segment, now_ns
 from .claims import allocating
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from .store import ReplayStore
 
 
@@ -119,14 +117,14 @@ class SegmentSupply:
 
     # -- retiring -------------------------------------------------------------------------
     def retire(self, seg: Segment) -> None:
-        """Close a sealed segment, durably unless ``durability="process"``."""
+        """Close a sealed segment, durably unless ``durability="process"``, then catalogue it."""
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
         if self.durability == "process":
             seg.close()
-            self._checked(seg.path)
+            self._catalogue(seg)
         elif self.durability == "batch":
             seg.close(fdatasync=True)
-            self._checked(seg.path)
+            self._catalogue(seg)
         else:
             if self._syncer is None:
                 self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
@@ -134,14 +132,16 @@ class SegmentSupply:
 
     def _close_durable(self, seg: Segment) -> None:
         seg.close_durable(seg.control.committed)
-        self._checked(seg.path)
+        self._catalogue(seg)
 
-    def _checked(self, path: Path) -> None:
-        """Record the closed segment's file identity as checked (this session checksummed every
-        row it wrote; ``checks.py``), after the last write to the file."""
+    def _catalogue(self, seg: Segment) -> None:
+        """Catalogue the closed segment as sealed (from then on its file missing is a loss), with
+        its file identity as checked (this session checksummed every row it wrote; ``checks.py``),
+        after the last write to the file: one catalog line, off the append path."""
+        name = seg.path.name
         try:
-            ident = identity(os.stat(path))
-            self.store.catalog.checked(path.name, ident, ())
+            ident = identity(os.stat(seg.path))
+            self.store.catalog_sealed({name: seg.control.committed}, {name: ident})
         except OSError:  # evicted already, or the catalog cannot be written: readers check it
             pass
 

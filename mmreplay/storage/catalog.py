@@ -24,8 +24,9 @@ evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:
   seals it, and any sealed file not yet catalogued (sealed by recovery, copied in by an import
   or ingestion, or written before the catalog existed) when an eviction pass, a writable open
   or ``verify`` sees it.
-* Each event is one ``write`` of one line on an ``O_APPEND`` descriptor (atomic between
-  processes on a local filesystem) followed by ``fsync``. A line torn by a crash fails its crc
+* Each append is one ``write`` of whole lines on an ``O_APPEND`` descriptor (atomic between
+  processes on a local filesystem); departures and masks are fsynced, sealed and checked lines
+  need not be (a lost one is written again, or the check done again). A line torn by a crash fails its crc
   and is ignored; the segment it named is catalogued again by the next pass that sees it.
 * Readers that cannot write (``mode="r"``, a read-only mount) only read the catalog.
 """
@@ -173,13 +174,18 @@ class Catalog:
         if self._known is None:
             self.read()
         assert self._known is not None
-        new = [(n, r) for n, r in sorted(segments.items()) if n not in self._known]
-        if not new:
-            return
         ids = identities or {}
+        new = [(n, r) for n, r in sorted(segments.items()) if n not in self._known]
         events = [{"e": "sealed", "seg": n, "rows": int(r), **({"id": list(ids[n])} if n in ids else {})}
                   for n, r in new]
-        self._append(events[0], b"".join(_line(e) for e in events[1:]))
+        # catalogued already (an eviction pass saw it first): the writer's identity is a check
+        events += [{"e": "checked", "seg": n, "id": list(i), "bad": []} for n, i in sorted(ids.items())
+                   if n in self._known and n in segments]
+        if not events:
+            return
+        # no fsync: a sealed line lost in a crash is written again by the next pass that sees the
+        # file, and a departure (fsynced) flushes the lines before it
+        self._append(events[0], b"".join(_line(e) for e in events[1:]), sync=False)
         self._known.update(n for n, _ in new)
 
     def checked(self, name: str, identity: tuple[int, ...], bad: tuple[tuple[int, int], ...], *,
@@ -189,13 +195,16 @@ class Catalog:
         self._append({"e": "masked" if masked else "checked", "seg": name, "id": list(identity),
                       "bad": [list(r) for r in bad]}, sync=masked)  # a lost check is only done again
 
-    def departed(self, name: str, event: str, why: str | None = None) -> None:
-        """Record, before the file goes, that segment ``name`` leaves: ``evicted`` (``why``:
-        ``capacity`` or ``disk``), ``quarantined`` or ``removed``."""
+    def departed(self, name: str | list[str], event: str, why: str | None = None) -> None:
+        """Record, before the files go, that segment ``name`` (or each of a list, with one write
+        and one fsync) leaves: ``evicted`` (``why``: ``capacity`` or ``disk``), ``quarantined``
+        or ``removed``."""
         assert event in DEPARTURES
-        self._append({"e": event, "seg": name, **({"why": why} if why else {})})
+        names = [name] if isinstance(name, str) else list(name)
+        events = [{"e": event, "seg": n, **({"why": why} if why else {})} for n in names]
+        self._append(events[0], b"".join(_line(e) for e in events[1:]))
         if _failpoint.ACTIVE and event == "evicted":
             _failpoint.hit("catalog_after_departure")
         if self._known is not None:
-            self._known.discard(name)
+            self._known.difference_update(names)
 

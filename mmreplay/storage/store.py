@@ -302,14 +302,16 @@ class ReplayStore:
             log.warning("%s: %d segment file(s) lost, %d rows: %s (not evicted; run `mmreplay verify`)", self.path,
                         len(lost), sum(lost.values()), short_list(names))
 
-    def catalog_sealed(self, segments: dict[str, int]) -> None:
-        """Catalogue sealed segments (name -> rows) under ``alloc.lock``, the eviction lock, and only
-        those whose files are there: a segment evicted meanwhile is never catalogued back to life."""
+    def catalog_sealed(self, segments: dict[str, int], identities: dict[str, tuple[int, ...]] | None = None) -> None:
+        """Catalogue sealed segments (name -> rows; ``identities``: their files' as their writer
+        closed them) under ``alloc.lock``, the eviction lock, and only those whose files are there:
+        a segment evicted meanwhile is never catalogued back to life."""
         lock = self.lock(ALLOC)
         lock.acquire(exclusive=True, blocking=True)
         try:
-            present = set(os.listdir(self.segments_dir))
-            self.catalog.sealed_many({n: r for n, r in segments.items() if n in present})
+            present = set(os.listdir(self.segments_dir)) if len(segments) > 4 else {
+                n for n in segments if os.path.exists(os.path.join(self.segments_dir, n))}
+            self.catalog.sealed_many({n: r for n, r in segments.items() if n in present}, identities)
         finally:
             lock.release()
 

@@ -484,8 +484,7 @@ class Writer:
         seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: self._n * 16])
         if _failpoint.ACTIVE:
             _failpoint.hit("mid_seal")
-        seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)
-        self.store.catalog_sealed({seg.path.name: self._n})  # from now on its file missing is a loss
+        seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)  # catalogued when retired (_supply)
 
     def _wait_syncs(self) -> None:
         try:
