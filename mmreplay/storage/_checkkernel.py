@@ -78,7 +78,7 @@ def crc_and_digests(crc, words, base, nrows, row_words, mults, t, out):  # pragm
             c = (t[7, lo & 0xFF] ^ t[6, (lo >> np.uint32(8)) & 0xFF] ^ t[5, (lo >> np.uint32(16)) & 0xFF]
                  ^ t[4, lo >> np.uint32(24)] ^ t[3, hi & 0xFF] ^ t[2, (hi >> np.uint32(8)) & 0xFF]
                  ^ t[1, (hi >> np.uint32(16)) & 0xFF] ^ t[0, hi >> np.uint32(24)])
-        out[r] = (h ^ (h >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+        out[r] = h >> np.uint64(32)
     return c ^ np.uint32(0xFFFFFFFF)
 
 
@@ -104,7 +104,7 @@ def row_digest(data, words, lo, rec_bytes, mults):  # pragma: no cover - compile
                 if 8 * w + b < rec_bytes:
                     word |= np.uint64(data[lo + 8 * w + b]) << np.uint64(8 * b)
             h += word * mults[w]
-    return (h ^ (h >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    return h >> np.uint64(32)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")

@@ -22,9 +22,9 @@ per-row crc32c costs a Python call per row), and a group is all-or-nothing after
 (recovery keeps whole groups). Why a row digest too (format 2): a group can be large (an
 ``add_batch`` of 256 vector steps, an ingested segment), and damage found by the group crc is
 then located row by row: only rows whose digest no longer matches are left out (``checks.py``).
-The digest is a multiply-sum of the record's little-endian 64-bit words with fixed odd
-multipliers (mod 2**64), folded to 32 bits: one ``numpy.dot`` per group, and a change to any one
-word always changes the sum (an odd multiplier is invertible). It is only read when the group crc fails, so it costs the check nothing
+The digest is the high half of a multiply-sum of the record's little-endian 64-bit words with
+fixed odd multipliers (mod 2**64): one ``numpy.dot`` per group; a change to any one word always
+changes the sum (an odd multiplier is invertible), and its high half but for a ~2**-32 chance. It is only read when the group crc fails, so it costs the check nothing
 otherwise. Format 1 segments (written before it) are read as they are: damage there is located
 per commit group.
 
@@ -307,9 +307,9 @@ def digest_multipliers(words: int) -> np.ndarray:
 
 
 def row_digests(view: Any, layout: Layout, start: int, stop: int) -> np.ndarray:
-    """The digests (uint64, < 2**32) of rows ``[start, stop)``: each record's little-endian
-    64-bit words (zero-padded to a whole word) dotted with ``digest_multipliers`` (mod 2**64),
-    high and low halves xor-ed. ``view``: a buffer of the whole segment file."""
+    """The digests (uint64, < 2**32) of rows ``[start, stop)``: the high 32 bits of each record's
+    little-endian 64-bit words (zero-padded to a whole word) dotted with ``digest_multipliers``
+    (mod 2**64). ``view``: a buffer of the whole segment file."""
     lo, hi = layout.records_span(start, stop)
     n, rec = stop - start, layout.record_bytes
     raw = np.frombuffer(view, np.uint8, hi - lo, lo).reshape(n, rec)
@@ -318,5 +318,4 @@ def row_digests(view: Any, layout: Layout, start: int, stop: int) -> np.ndarray:
         padded = np.zeros((n, words * 8), np.uint8)
         padded[:, :rec] = raw
         raw = padded
-    h = np.dot(raw.view("<u8"), digest_multipliers(words))
-    return (h ^ (h >> np.uint64(32))) & np.uint64(SEQ_MASK)
+    return np.dot(raw.view("<u8"), digest_multipliers(words)) >> np.uint64(32)

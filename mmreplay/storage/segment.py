@@ -41,7 +41,9 @@ from .format import (
     Header,
     Layout,
     crc32c,
+    digest_multipliers,
     read_control,
+    row_digests,
 )
 from ..core import failpoint as _failpoint
 from ..core.fs import fallocate, fsync_dir, msync, populate_write
@@ -118,6 +120,11 @@ class Segment:
         self.is_last = self.columns.pop(IS_LAST)
         self.records = np.ndarray((layout.segment_records,), layout.record_dtype, buffer=self.mm,
                                   offset=layout.records_offset)
+        # the records as 64-bit words, for the row digests (``format.row_digests``), when whole words
+        self.record_words = None if layout.record_bytes % 8 else np.ndarray(
+            (layout.segment_records, layout.record_bytes // 8), np.dtype("<u8"), buffer=self.mm,
+            offset=layout.records_offset)
+        self._mults = digest_multipliers(-(-layout.record_bytes // 8))
         # one 2D view per contiguous run of float fields, for finiteness checks of written rows
         self.float_runs = [
             np.ndarray((layout.segment_records, n), dt, buffer=self.mm, offset=layout.records_offset + off,
@@ -132,6 +139,14 @@ class Segment:
                                      offset=layout.stamps_offset + 8, strides=(16,))
         self.view = memoryview(self.mm)
         self.dir_synced = False  # the directory entry is known to be on disk
+
+    def digest_bits(self, start: int, stop: int) -> np.ndarray:
+        """The format 2 digests of rows ``[start, stop)`` (``format.row_digests``) as the high half
+        of their stamps' ``seq`` field: one ``numpy.dot`` over the record words."""
+        if self.record_words is None:
+            return row_digests(self.view, self.layout, start, stop) << np.uint64(32)
+        d = np.dot(self.record_words[start:stop], self._mults)
+        return np.bitwise_and(d, np.uint64(0xFFFFFFFF00000000), out=d)
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -240,7 +255,7 @@ class Segment:
 
     def _unmap(self) -> None:
         self.columns.clear()
-        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records, self.record_words
         self.float_runs.clear()
         self.float_checks.clear()
         self.view.release()
@@ -250,7 +265,7 @@ class Segment:
         if self._fd < 0:
             return
         self.columns.clear()
-        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records
+        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records, self.record_words
         self.float_runs.clear()
         self.float_checks.clear()
         self.view.release()

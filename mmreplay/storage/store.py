@@ -88,8 +88,8 @@ def create_store(
     segment_records
         Rows per segment file (a writer with ``lanes`` lanes uses ``segment_records // lanes *
         lanes``). A full store holds at most ``capacity + (writers + 1) * segment_records``
-        rows; the default, ``capacity // (4 * (writers + 1))`` (at least 1,024, at most ~32 MiB
-        a segment), keeps that under ``1.25 * capacity + (writers + 1) * 1024``.
+        rows; the default, ``capacity // (4 * (writers + 1)) + 1024`` (at most ~32 MiB a
+        segment), keeps that under ``1.25 * capacity + (writers + 1) * 1024``.
     writers
         Writers expected to append at once: it only sizes the default segments.
     metadata

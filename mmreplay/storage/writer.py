@@ -59,7 +59,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ..core import failpoint as _failpoint
-from .format import SEQ_MASK, STATE_SEALED, group_seed, row_digests
+from .format import SEQ_MASK, STATE_SEALED, group_seed
 from ._supply import SegmentSupply
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
@@ -451,11 +451,11 @@ class Writer:
         crc = group_seed(seg.header, p, seq0 + 1, k)
         lo, hi = self.layout.records_span(p, n)
         crc = _extend(seg.view[lo:hi], crc)
-        digests = row_digests(seg.view, self.layout, p, n)  # this writer's segments are format 2
-        out = seg.stamp_seq[p:n]
+        out = seg.stamp_seq[p:n]  # format 2: the row number's low half, the row digest above it
         np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=out)
-        np.bitwise_and(out, np.uint64(SEQ_MASK), out=out)
-        np.bitwise_or(out, np.left_shift(digests, np.uint64(32), out=digests), out=out)
+        if seg.header.first_seq + n >= SEQ_MASK:  # past 2**32 rows in one session
+            np.bitwise_and(out, np.uint64(SEQ_MASK), out=out)
+        np.bitwise_or(out, seg.digest_bits(p, n), out=out)
         seg.stamp_tail[p:n] = crc | (k << 32)
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")

@@ -325,3 +325,21 @@ def test_one_damaged_row_of_a_large_commit_group_is_left_out_alone(tmp_path):
                 b = u.sample(32)
                 assert valid(b.obs) and valid(b.next_obs)
             assert [(pr.file, pr.rows) for pr in s.verify()] == [(segs(p)[1].name, ((7, 8),) if expect == 1 else ((0, R),))]
+
+
+def test_rows_that_are_not_whole_words_are_located_too(tmp_path):
+    """Records of odd sizes (byte fields only) take the zero-padded digest path, writer and check."""
+    schema = mmreplay.Schema.transition(obs_shape=(9,), obs_dtype=np.uint8, action_dtype=np.uint8)
+    path = tmp_path / "s"
+    with mmreplay.create_store(path, schema, capacity=10_000, segment_records=R) as s:
+        assert s.layout.record_bytes % 8
+        w = s.writer(lanes=1)
+        t = np.arange(2 * R)
+        w.add_batch(obs=np.stack([t % 251] * 9, 1)[:, None].astype(np.uint8), action=(t % 7)[:, None].astype(np.uint8),
+                    reward=t[:, None].astype(np.float32), terminated=np.zeros((2 * R, 1), bool),
+                    truncated=np.zeros((2 * R, 1), bool))
+        w.close()
+    damage(segs(path)[0], 9)
+    with mmreplay.open_store(path, mode="r") as s:
+        assert s.check_counts()["damaged_rows"] == 1 and len(s) == 2 * R
+        assert [pr.rows for pr in s.verify()] == [((9, 10),)]
