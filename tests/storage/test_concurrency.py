@@ -73,6 +73,14 @@ def test_eviction_under_concurrent_writers_keeps_capacity(tmp_path):
     assert len(ids) == len(list((path / "segments").iterdir()))
 
 
+def _close_all(writers, reader, worst: int) -> int:
+    """Close the writers; the most rows the reader has seen, their last rows included."""
+    for w in writers:
+        w.close()
+    reader.refresh()
+    return max(worst, reader.num_rows)
+
+
 @pytest.mark.parametrize("lag", [0, 96])
 def test_interleaved_writers_stay_within_the_documented_capacity_bound(tmp_path, lag):
     """capacity + one segment + one segment per writer, at every moment (README, Guarantees).
@@ -96,10 +104,7 @@ def test_interleaved_writers_stay_within_the_documented_capacity_bound(tmp_path,
         if i % 16 == 0:
             reader.refresh()
             worst = max(worst, reader.num_rows)
-    for w in writers:
-        w.close()
-    reader.refresh()
-    worst = max(worst, reader.num_rows)
+    worst = _close_all(writers, reader, worst)
     assert 2000 <= reader.num_rows and worst <= bound and store.info()["evicted_segments"] > 0
     reader.close()
     store.close()
@@ -127,10 +132,7 @@ def test_default_segments_keep_a_full_store_near_its_capacity(tmp_path, n_writer
             time.sleep(1e-3)  # lets the background segment makers run, as between real env steps
             reader.refresh()
             worst = max(worst, reader.num_rows)
-    for w in writers:
-        w.close()
-    reader.refresh()
-    worst = max(worst, reader.num_rows)
+    worst = _close_all(writers, reader, worst)
     assert cap <= reader.num_rows and worst <= bound, (reader.num_rows, worst, bound)
     assert store.info()["evicted_segments"] > 0
     reader.close()
