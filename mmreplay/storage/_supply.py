@@ -33,7 +33,7 @@ from .checks import identity
 from ..core.fs import fsync_dir
 from ..core.errors import DiskFullError
 from .segment import Segment, now_ns
-from .claims import allocating
+from .claims import allocating, evict_now
 
 if TYPE_CHECKING:
     from .store import ReplayStore
@@ -97,6 +97,9 @@ class SegmentSupply:
         """Start making the next segment in the background, unless one is ready or coming."""
         if not self.idle:
             return
+        # evict here, not only in the allocator: the capacity bound then holds however far the
+        # background allocator lags behind this writer (``claims.evict_now``)
+        evict_now(self.store, pending_rows=len(self._ready) * self.usable)
         if self._allocator is None:
             self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
         self._pending = self._allocator.submit(self._make, self._next_chain)

@@ -29,6 +29,8 @@ evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:
   need not be (a lost one is written again, or the check done again). A line torn by a crash fails its crc
   and is ignored; the segment it named is catalogued again by the next pass that sees it.
 * Readers that cannot write (``mode="r"``, a read-only mount) only read the catalog.
+* Past 1 MiB, an eviction pass rewrites the log with what it still says (``compact_if_large``:
+  live segments and their checks, quarantines, one ``evictions`` count per reason), atomically.
 """
 
 from __future__ import annotations
@@ -135,6 +137,9 @@ class Catalog:
                 if old is not None and old.masked and old.identity == rec.identity and set(rec.bad) <= set(old.bad):
                     continue  # a later check of the same file finds what a repair masked: still masked
                 state.checks[seg] = rec
+            elif kind == "evictions":  # a compaction's count of the evictions it folded
+                why = str(event.get("why", "capacity"))
+                state.evicted[why] = state.evicted.get(why, 0) + int(event.get("n", 0))  # type: ignore[call-overload]
             elif kind in DEPARTURES:
                 state.live.pop(seg, None)
                 if kind == "evicted":
@@ -208,3 +213,33 @@ class Catalog:
         if self._known is not None:
             self._known.difference_update(names)
 
+    def compact_if_large(self, present: set[str], max_bytes: int = 1 << 20) -> bool:
+        """Rewrite the log with what it still says, once it is over ``max_bytes``: live sealed
+        segments (with their files' checks), quarantined ones, and one ``evictions`` count per
+        reason in place of every departed segment's lines. Small segments of a small store come
+        and go every few thousand rows, and every open and ``info`` reads the whole log.
+
+        The caller holds ``alloc.lock`` and the admin lock shared (a writer session), so no
+        sealed line, departure or mask (``verify --repair`` holds admin exclusively) is written
+        meanwhile; a reader's ``checked`` line written meanwhile may be lost (that check is
+        done again). ``present``: the segment files in the directory now. Returns whether it
+        rewrote the log (temp file, fsync, rename: a crash leaves the old log or the new one).
+        """
+        try:
+            if os.stat(self.path).st_size <= max_bytes:
+                return False
+        except FileNotFoundError:
+            return False
+        from ..core.fs import atomic_write
+
+        state = self.read()
+        events: list[dict[str, object]] = [{"e": "evictions", "why": why, "n": n} for why, n in sorted(state.evicted.items())]
+        events += [{"e": "quarantined", "seg": n} for n in state.quarantined]
+        events += [{"e": "sealed", "seg": n, "rows": r} for n, r in sorted(state.live.items())]
+        for name, rec in sorted(state.checks.items()):
+            if name in state.live or name in present:
+                events.append({"e": "masked" if rec.masked else "checked", "seg": name, "id": list(rec.identity),
+                               "bad": [list(r) for r in rec.bad]})
+        atomic_write(self.path, b"".join(_line(e) for e in events))
+        self._known = set(state.live)
+        return True

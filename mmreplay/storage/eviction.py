@@ -81,6 +81,10 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
         known.pop(name, None)
         evicted.append(sid)
     if evicted:
+        try:
+            store.catalog.compact_if_large(set(names) - {n for _, n, _ in doomed_names})
+        except OSError:  # a full disk: the log stays as it is, and is compacted by a later pass
+            pass
         # no directory fsync here (it queued behind the disk under alloc.lock, ~3 ms a segment):
         # the departures are fsynced above, and the renames reach the disk with the next directory
         # fsync (a writer's next ``make_durable``). After a power loss before it, an evicted file

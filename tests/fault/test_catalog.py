@@ -130,3 +130,27 @@ def test_a_full_disk_is_said_out_loud(tmp_path, caplog, monkeypatch):
     st.close()
     r = subprocess.run([sys.executable, "-m", "mmreplay", "info", str(tmp_path / "s")], capture_output=True, text=True)
     assert "1 for disk" in r.stdout
+
+
+def test_a_large_catalog_is_compacted_and_keeps_what_it_says(tmp_path, monkeypatch):
+    """Small segments come and go: past its size limit the log is rewritten with the live
+    segments, their checks and one count of evictions per reason, and still tells a lost segment
+    from an evicted one."""
+    monkeypatch.setattr(Catalog.compact_if_large, "__defaults__", (2048,))  # bytes, for the test
+    path = tmp_path / "s"
+    with mmreplay.create_store(path, SCHEMA, capacity=64, segment_records=16) as s:
+        w = s.writer(lanes=1)
+        for seq in range(2000):
+            w.add(obs=np.array([[1, seq, content(1, seq)]], np.float32), action=np.array([seq], np.int64),
+                  reward=np.array([1], np.float32), terminated=np.array([False]), truncated=np.array([False]))
+        w.close()
+        state = Catalog(path).read()
+        assert path.joinpath("CATALOG.log").stat().st_size < 2 * 2048 + 4096  # compacted, not ~1,000 lines
+        assert state.evicted["capacity"] == s.info()["evicted_segments"] > 100
+        live = set(state.live)
+        assert live == {p.name for p in (path / "segments").glob("*.seg")} and s.lost_segments() == {}
+        assert all(state.checks[n].identity for n in live)  # the writer's checks survive the rewrite
+    victim = sorted((path / "segments").glob("*.seg"))[0]
+    victim.unlink()
+    with mmreplay.open_store(path, mode="r") as s:
+        assert s.lost_segments() == {victim.name: 16}
