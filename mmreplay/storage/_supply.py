@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from .format import Header
 from .checks import identity
 from ..core.fs import fsync_dir
-from ..core.errors import DiskFullError
+from ..core.errors import DiskFullError, StoreFullError
 from .segment import Segment, now_ns
 from .claims import allocating, evict_now
 
@@ -98,8 +98,13 @@ class SegmentSupply:
         if not self.idle:
             return
         # evict here, not only in the allocator: the capacity bound then holds however far the
-        # background allocator lags behind this writer (``claims.evict_now``)
-        evict_now(self.store, pending_rows=len(self._ready) * self.usable)
+        # background allocator lags behind this writer (``claims.evict_now``). This runs after
+        # rows were written and published: a full store (on_full="error") or a full disk is
+        # reported by the allocator's own pass instead, through ``ensure`` before the next write
+        try:
+            evict_now(self.store)
+        except (StoreFullError, OSError):
+            pass
         if self._allocator is None:
             self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
         self._pending = self._allocator.submit(self._make, self._next_chain)

@@ -21,7 +21,7 @@ evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:
 
 * A departure is written (and fsynced) *before* the file is renamed away, so a kill -9 between
   the two never makes an eviction look like a loss; a segment is catalogued when its writer
-  seals it, and any sealed file not yet catalogued (sealed by recovery, copied in by an import
+  retires it (closed, synced for ``segment`` durability), and any sealed file not yet catalogued (sealed by recovery, copied in by an import
   or ingestion, or written before the catalog existed) when an eviction pass, a writable open
   or ``verify`` sees it.
 * Each append is one ``write`` of whole lines on an ``O_APPEND`` descriptor (atomic between
@@ -108,6 +108,7 @@ class Catalog:
     def __init__(self, store_dir: Path) -> None:
         self.path = Path(store_dir) / CATALOG
         self._known: set[str] | None = None  # segments this handle saw catalogued as sealed
+        self._compacted_bytes = 0  # the log's size after this handle last compacted it
 
     def read(self) -> CatalogState:
         """Replay the log (lines that fail their crc are counted and skipped)."""
@@ -175,7 +176,8 @@ class Catalog:
 
     def sealed_many(self, segments: dict[str, int], identities: dict[str, tuple[int, ...]] | None = None) -> None:
         """Record every sealed segment of ``segments`` (name -> rows) not catalogued yet, with one
-        write and one fsync (a store opened for the first time since the catalog existed)."""
+        unsynced write; ``identities``: files their writer checksummed (a ``checked`` line for a
+        segment catalogued already)."""
         if self._known is None:
             self.read()
         assert self._known is not None
@@ -220,13 +222,16 @@ class Catalog:
         and go every few thousand rows, and every open and ``info`` reads the whole log.
 
         The caller holds ``alloc.lock`` and the admin lock shared (a writer session), so no
-        sealed line, departure or mask (``verify --repair`` holds admin exclusively) is written
-        meanwhile; a reader's ``checked`` line written meanwhile may be lost (that check is
-        done again). ``present``: the segment files in the directory now. Returns whether it
-        rewrote the log (temp file, fsync, rename: a crash leaves the old log or the new one).
+        sealed line, departure (evictions and recovery write theirs under ``alloc.lock``) or
+        mask (``verify --repair`` holds admin exclusively) is written meanwhile; a reader's
+        ``checked`` line written meanwhile may be lost (that check is done again). It runs again
+        only once the log has doubled since this handle last compacted it (a store with many
+        live segments stays above ``max_bytes``). ``present``: the segment files in the
+        directory now. Returns whether it rewrote the log (temp file, fsync, rename: a crash
+        leaves the old log or the new one).
         """
         try:
-            if os.stat(self.path).st_size <= max_bytes:
+            if os.stat(self.path).st_size <= max(max_bytes, 2 * self._compacted_bytes):
                 return False
         except FileNotFoundError:
             return False
@@ -240,6 +245,8 @@ class Catalog:
             if name in state.live or name in present:
                 events.append({"e": "masked" if rec.masked else "checked", "seg": name, "id": list(rec.identity),
                                "bad": [list(r) for r in rec.bad]})
-        atomic_write(self.path, b"".join(_line(e) for e in events))
+        data = b"".join(_line(e) for e in events)
+        atomic_write(self.path, data)
         self._known = set(state.live)
+        self._compacted_bytes = len(data)
         return True

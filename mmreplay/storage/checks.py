@@ -190,7 +190,7 @@ class Checker:
         self.writable = writable
         """Results are recorded in the catalog (else only in this process's memory)."""
         self._records: dict[str, Any] = {}
-        self._catalog_size = -1  # size of the catalog when it was last read
+        self._catalog_size: tuple[int, int] = (-1, -1)  # (inode, size) of the catalog when last read
         self._running = False
         self._cv = threading.Condition()
         self._queue: list[_Job] = []
@@ -204,11 +204,12 @@ class Checker:
         """Damaged slots of segment ``name`` if a check of this very file is remembered, else None."""
         if name not in self._records:
             try:
-                size = os.stat(self.catalog.path).st_size
+                st = os.stat(self.catalog.path)
+                size = (st.st_ino, st.st_size)  # a compaction makes a new file (catalog.py)
             except FileNotFoundError:
-                size = 0
-            if size != self._catalog_size:  # reread only when someone appended
-                self._records = self.catalog.read().checks if size else {}
+                size = (0, 0)
+            if size != self._catalog_size:  # reread only when someone appended or compacted
+                self._records = self.catalog.read().checks if size[1] else {}
                 self._catalog_size = size
         rec = self._records.get(name)
         if rec is None or tuple(rec.identity) != tuple(ident):

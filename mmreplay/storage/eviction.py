@@ -55,7 +55,7 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
         if name in known:
             sealed.append((parsed[0], name, committed))
     if found:
-        store.catalog.sealed_many(found)  # one write and one fsync for all of them
+        store.catalog.sealed_many(found)  # one write for all of them
     if store.on_full == "error" and not sealed and pending_rows > store.capacity:
         raise StoreFullError(f"{store.path} would hold {pending_rows} rows from one batch, capacity {store.capacity}, "
                              "and on_full='error'")
@@ -87,9 +87,10 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
             pass
         # no directory fsync here (it queued behind the disk under alloc.lock, ~3 ms a segment):
         # the departures are fsynced above, and the renames reach the disk with the next directory
-        # fsync (a writer's next ``make_durable``). After a power loss before it, an evicted file
-        # may come back as ``.deleted`` (recovery removes it) or under its name (it is then served
-        # and catalogued again, and the next eviction takes it first: it is the oldest)
+        # fsync (a writer's next ``make_durable`` or ``flush``, a segment's durable close). After a
+        # power loss before it, an evicted file may come back as ``.deleted`` (recovery removes
+        # it) or under its name (it is then served and catalogued again, and the next eviction
+        # takes it first: it is the oldest)
         log.debug("evicted segments %s from %s", evicted, store.path)
         if force_one and not store._warned_disk_full:  # once per store handle
             store._warned_disk_full = True

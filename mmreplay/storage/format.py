@@ -24,9 +24,9 @@ per-row crc32c costs a Python call per row), and a group is all-or-nothing after
 then located row by row: only rows whose digest no longer matches are left out (``checks.py``).
 The digest is the high half of a multiply-sum of the record's little-endian 64-bit words with
 fixed odd multipliers (mod 2**64): one ``numpy.dot`` per group; a change to any one word always
-changes the sum (an odd multiplier is invertible), and its high half but for a ~2**-32 chance. It is only read when the group crc fails, so it costs the check nothing
-otherwise. Format 1 segments (written before it) are read as they are: damage there is located
-per commit group.
+changes the sum (an odd multiplier is invertible), and its high half but for a ~2**-32 chance.
+The check computes it in the same pass as the crc32c (``_checkkernel``). Format 1 segments
+(written before it) are read as they are: damage there is located per commit group.
 
 The layout depends only on the schema and ``segment_records``, so every segment of a
 store has the same layout and a reader can view a field across all segments with one strided

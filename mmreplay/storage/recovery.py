@@ -5,8 +5,9 @@ the checksummed stamps are the truth (SQLite's wal-index, Kafka's ``LogSegment.r
 
 1. start at the control slot's ``synced`` count (all rows before it were made durable first);
 2. walk commit groups: a group at slot ``i`` is valid iff every row of it carries
-   ``seq == first_seq + slot + 1``, the same crc and length, and the crc of its payload,
-   seeded with store/segment/slot/seq/session, matches. An all-zero stamp means never written;
+   ``seq == first_seq + slot + 1`` (its low 32 bits in format 2), the same crc and length, and
+   the crc of its payload, seeded with store/segment/slot/seq/session, matches, and (format 2)
+   every row's digest matches (``_checkkernel``). An all-zero stamp means never written;
    Groups past ``committed`` were never published: they are dropped (and only when both
    control slots are damaged is the count rebuilt from the stamps alone);
 3. keep the valid prefix, zero the stamps of the invalid tail (so stale stamps cannot come back),
@@ -129,8 +130,7 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
         for i, (_, name, usable, _) in enumerate(chain):
             path = store.segments_dir / name
             if cut:
-                store.catalog.departed(name, "removed", "recovery")  # rows past a cut: not durable, dropped
-                _remove(path)
+                _depart(store, name, lambda p=path: _remove(p))  # rows past a cut: not durable, dropped
                 report.dropped[name] = report.dropped.get(name, 0) + store.segment_state(path)[1]
                 report.cleaned.append(name)
                 continue
@@ -177,6 +177,19 @@ def _remove(path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def _depart(store: ReplayStore, name: str, remove: Any) -> None:
+    """Record segment ``name`` as removed by recovery, then ``remove()`` its file, under
+    ``alloc.lock``: a catalog compaction (``catalog.py``, run by evictions under that lock)
+    never rewrites the log between the two and drops the departure."""
+    alloc = store.lock(ALLOC)
+    alloc.acquire(exclusive=True, blocking=True)
+    try:
+        store.catalog.departed(name, "removed", "recovery")
+        remove()
+    finally:
+        alloc.release()
+
+
 def recover_abandoned(store: ReplayStore) -> RecoveryReport:
     """On open with ``mode='a'``: recover OPEN segments of dead writers, finish interrupted
     creations and evictions. Live writers' segments are left alone."""
@@ -194,8 +207,7 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
         if parse_segment_name(name) and _never_written(store.segments_dir / name):
             # created but its header never reached the disk (power loss right after creation,
             # before any row of it was synced): an unfinished creation, like a .tmp file
-            store.catalog.departed(name, "removed", "recovery")
-            (store.segments_dir / name).unlink(missing_ok=True)
+            _depart(store, name, lambda p=store.segments_dir / name: p.unlink(missing_ok=True))
             report.cleaned.append(name)
     writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})
     for wid in writers:

@@ -451,11 +451,12 @@ class Writer:
         crc = group_seed(seg.header, p, seq0 + 1, k)
         lo, hi = self.layout.records_span(p, n)
         crc = _extend(seg.view[lo:hi], crc)
-        out = seg.stamp_seq[p:n]  # format 2: the row number's low half, the row digest above it
-        np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq), out=out)
+        # format 2: the row digest in the high half, the row number's low half below it; each
+        # stamp word stored once, whole (a reader's visibility probe reads it)
+        word = np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq))
         if seg.header.first_seq + n >= SEQ_MASK:  # past 2**32 rows in one session
-            np.bitwise_and(out, np.uint64(SEQ_MASK), out=out)
-        np.bitwise_or(out, seg.digest_bits(p, n), out=out)
+            np.bitwise_and(word, np.uint64(SEQ_MASK), out=word)
+        seg.stamp_seq[p:n] = np.bitwise_or(word, seg.digest_bits(p, n), out=word)
         seg.stamp_tail[p:n] = crc | (k << 32)
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")

@@ -220,6 +220,26 @@ def test_on_full_error(tmp_path, schema):
     s.close()
 
 
+@pytest.mark.parametrize("capacity", [16, 20])
+def test_a_full_store_refuses_a_row_before_writing_it_and_the_writer_stays_usable(tmp_path, schema, capacity):
+    """on_full='error': the StoreFullError comes before the refused row is written (a full store
+    never holds a row its writer was told failed), the writer can still be closed cleanly, and
+    its last segment is sealed."""
+    s = mmreplay.create_store(tmp_path / "s", schema, capacity=capacity, segment_records=16, on_full="error")
+    w = s.writer(lanes=1)
+    added = 0
+    with pytest.raises(mmreplay.StoreFullError):
+        for t in range(200):
+            w.add(**step(1, t))
+            added += 1
+    with pytest.raises(mmreplay.StoreFullError):  # still refused, not WriterFailedError
+        w.add(**step(1, added))
+    w.close()
+    with mmreplay.open_store(tmp_path / "s") as r:
+        assert r.num_rows == added and r.info()["segments_open"] == 0
+    s.close()
+
+
 def test_writer_ids(store):
     a = store.writer()
     b = store.writer()
