@@ -157,8 +157,6 @@ class MMReplayStorage(Storage):
                          pick(cols["truncated"]), nxt)
         lanes.publish()
         self._dense = None
-        if set_cursor:
-            self._set_last_cursor(cursor)
 
     def _columns(self, data: TensorDictBase, nd: int) -> dict[str, np.ndarray]:
         schema, lead = self.store.schema, tuple(data.batch_size)
