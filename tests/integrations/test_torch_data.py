@@ -66,7 +66,9 @@ def test_workers_read_a_store_a_writer_is_filling(path):
     try:
         data = TransitionDataset(path, 64, num_batches=60, seed=0, refresh_interval_s=0.05)
         first = last = None
-        for k, batch in enumerate(DataLoader(data, batch_size=None, num_workers=2)):
+        # spawn: each worker unpickles the dataset and opens the store in a fresh interpreter
+        loader = DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+        for k, batch in enumerate(loader):
             t = _check(batch)
             if k < 2:
                 first = t.max() if first is None else max(first, t.max())
@@ -85,7 +87,9 @@ def test_workers_draw_apart_and_repeat_with_the_seed(path):
 
     def ids(seed, workers):
         data = TransitionDataset(path, 32, num_batches=6, seed=seed)
-        return [b.ids for b in DataLoader(data, batch_size=None, num_workers=workers)]
+        # fork: each worker opens the store after the fork (the dataset's own handle is never used there)
+        loader = DataLoader(data, batch_size=None, num_workers=workers, multiprocessing_context="fork")
+        return [b.ids for b in loader]
 
     a = ids(0, 2)
     assert len(a) == 6
