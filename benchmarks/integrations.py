@@ -4,8 +4,10 @@
 
 * ``dqn``: SB3 DQN on CartPole-v1 at the RL-zoo settings (50k steps), with SB3's own
   ``ReplayBuffer`` and with ``MMReplayBuffer``, per seed, one run after the other: the greedy
-  return (mean of 20 deterministic episodes after training) and the wall / CPU time of
-  ``model.learn`` alone (no set-up, no evaluation).
+  return (mean of 20 deterministic episodes after training), the wall / CPU time of
+  ``model.learn`` alone (no set-up, no evaluation) and the time spent inside the buffer's own
+  ``add`` and ``sample`` (the same timing wrapper on both buffers). The buffer that runs first
+  alternates from seed to seed.
 * ``sac``: the same for SB3 SAC on Pendulum-v1 (RL-zoo settings, 20k steps).
 * ``torchrl``: a TorchRL DQN loss loop (sample 256, ``DQNLoss``, backward, Adam step) fed from
   ``MMReplayStorage`` + ``MMReplaySampler`` and from TorchRL's ``LazyMemmapStorage`` (its default
@@ -47,6 +49,10 @@ def _learn(algo: str, env_id: str, steps: int, seed: int, ours: bool, root: Path
     shutil.rmtree(path, ignore_errors=True)
     kw = dict(replay_buffer_class=MMReplayBuffer, replay_buffer_kwargs=dict(path=path)) if ours else {}
     model = getattr(sb3, algo)("MlpPolicy", env_id, seed=seed, verbose=0, **zoo, **kw)
+    spent = {"add": 0.0, "sample": 0.0}
+    buf = model.replay_buffer
+    for name in spent:  # the buffer's own work: the same wrapper around either buffer's methods
+        setattr(buf, name, _timed(getattr(buf, name), name, spent))
     t, c = time.perf_counter(), time.process_time()
     model.learn(steps)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
@@ -55,14 +61,24 @@ def _learn(algo: str, env_id: str, steps: int, seed: int, ours: bool, root: Path
         model.replay_buffer.close()
         shutil.rmtree(path, ignore_errors=True)
     return {"algo": algo, "buffer": "mmreplay" if ours else "sb3", "seed": seed, "return": float(mean),
-            "return_std": float(std), "wall_s": wall, "cpu_s": cpu}
+            "return_std": float(std), "wall_s": wall, "cpu_s": cpu, "add_s": spent["add"], "sample_s": spent["sample"]}
+
+
+def _timed(f: Any, name: str, spent: dict[str, float]) -> Any:
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            spent[name] += time.perf_counter() - t0
+    return timed
 
 
 def part_sb3(algo: str, seeds: list[int], root: Path) -> list[dict[str, Any]]:
     env_id, steps, zoo = ("CartPole-v1", 50_000, DQN_ZOO) if algo == "DQN" else ("Pendulum-v1", 20_000, SAC_ZOO)
     out = []
     for seed in seeds:
-        for ours in (False, True):
+        for ours in ((False, True) if seed % 2 else (True, False)):  # alternate who goes first (load drifts)
             r = _learn(algo, env_id, steps, seed, ours, root, zoo)
             print(json.dumps(r), flush=True)
             out.append(r)
@@ -188,14 +204,15 @@ def part_dataloader(root: Path, repeats: int = 3, batches: int = 400, batch: int
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| algo | seed | return, SB3 buffer | return, mmreplay | wall s, SB3 | wall s, mmreplay | wall ratio |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| algo | seed | return, SB3 buffer | return, mmreplay | wall s, SB3 | wall s, mmreplay | wall ratio "
+             "| add + sample s, SB3 | add + sample s, mmreplay |", "|---|---|---|---|---|---|---|---|---|"]
     by = {(r["algo"], r["seed"], r["buffer"]): r for r in rows}
     for algo, seed in sorted({(r["algo"], r["seed"]) for r in rows}):
         a, b = by.get((algo, seed, "sb3")), by.get((algo, seed, "mmreplay"))
         if a and b:
             lines.append(f"| {algo} | {seed} | {a['return']:.1f} | {b['return']:.1f} | {a['wall_s']:.1f} | "
-                         f"{b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.3f} |")
+                         f"{b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.3f} | {a['add_s'] + a['sample_s']:.1f} | "
+                         f"{b['add_s'] + b['sample_s']:.1f} |")
     return "\n".join(lines)
 
 

@@ -231,7 +231,7 @@ class MMReplayBuffer(ReplayBuffer):
 
     def _obs_tensor(self, x: Any, B: int) -> Any:
         if isinstance(x, dict):
-            return {k: v.reshape(B, *self.observation_space[k].shape) for k, v in x.items()}
+            return {k: v.reshape(B, *self.obs_shape[k]) for k, v in x.items()}  # type: ignore[index]
         return x.reshape(B, *self.obs_shape)
 
 

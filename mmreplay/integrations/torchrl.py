@@ -139,6 +139,8 @@ class MMReplayStorage(Storage):
     # -- Storage API ------------------------------------------------------------------------
     def set(self, cursor: Any, data: TensorDictBase, *, set_cursor: bool = True) -> None:
         """Append ``data`` (dims ``[T]`` or ``[n_envs, T]``); ``cursor`` is ignored (the store appends)."""
+        if not set_cursor:  # ``storage[index] = data``, ``writer.write_at``: an overwrite
+            raise NotImplementedError("an mmreplay store is append-only: stored transitions cannot be overwritten")
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"MMReplayStorage stores TensorDicts, got {type(data).__name__}")
         nd = data.batch_dims

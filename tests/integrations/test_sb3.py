@@ -116,7 +116,7 @@ def _losses(model) -> dict[str, float]:
     return {k: v for k, v in model.logger.name_to_value.items() if k.endswith("loss")}
 
 
-@pytest.mark.parametrize("algo", ["DQN", "SAC"])
+@pytest.mark.parametrize("algo", ["DQN", "SAC", "TD3"])
 def test_algorithms_learn_on_it_with_finite_losses(tmp_path, algo):
     cls = getattr(sb3, algo)
     env = "CartPole-v1" if algo == "DQN" else "Pendulum-v1"
@@ -243,3 +243,48 @@ def test_wrong_shapes_and_spaces_name_the_field(tmp_path):
     b.close()
     with pytest.raises(mmreplay.SchemaError, match="field 'obs'"):
         MMReplayBuffer(1000, spaces.Box(-1, 1, (5,), np.float32), act_space, "cpu", path=tmp_path / "s")
+
+
+def test_dict_observations(tmp_path):
+    from stable_baselines3.common.type_aliases import DictReplayBufferSamples
+
+    obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "cell": spaces.Discrete(5)})
+    b = MMReplayBuffer(1000, obs_space, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "s", seed=0)
+    rng = np.random.default_rng(0)
+
+    def obs(t):
+        return {"pos": rng.standard_normal((2, 2)).astype(np.float32), "cell": np.array([t % 5, (t + 1) % 5])}
+
+    o = obs(0)
+    for t in range(20):
+        nxt = obs(t + 1)
+        b.add(o, nxt, np.array([t % 3, 1]), np.ones(2, np.float32), np.array([t == 9, False]), [{}, {}])
+        o = nxt
+    batch = b.sample(8)
+    assert isinstance(batch, DictReplayBufferSamples)
+    assert batch.observations["pos"].shape == (8, 2) and batch.observations["cell"].shape == (8, 1)
+    assert batch.next_observations["cell"].shape == (8, 1)
+    b.close()
+
+
+def test_windowed_sampling_for_a_store_larger_than_ram(tmp_path):
+    """``sampler_kwargs`` reach mmreplay's sampler: a resident set of 2 segments out of 6 (the
+    "larger than RAM" mode), and every sampled transition is one SB3's own buffer holds."""
+    venv = _venv(False, 1)
+    theirs = ReplayBuffer(10_000, venv.observation_space, venv.action_space, "cpu")
+    probe = MMReplayBuffer(10_000, venv.observation_space, venv.action_space, "cpu", path=tmp_path / "s",
+                           segment_records=1024)
+    segment_bytes = probe.store.layout.file_size
+    probe.close()
+    ours = MMReplayBuffer(10_000, venv.observation_space, venv.action_space, "cpu", path=tmp_path / "s", seed=0,
+                          sampler_kwargs=dict(mode="windowed", cache_bytes=3 * segment_bytes))
+    _fill([theirs, ours], venv, 6000)
+    where = {theirs.observations[p, 0].tobytes(): p for p in range(6000)}
+    for _ in range(5):
+        batch = ours.sample(64)
+        for k in range(64):
+            p = where[batch.observations[k].numpy().tobytes()]
+            np.testing.assert_array_equal(batch.next_observations[k].numpy(), theirs.next_observations[p, 0])
+    stats = ours.sampler.tier_stats()
+    assert stats["mode"] == "windowed" and 0 < stats["resident_segments"] < 6
+    ours.close()

@@ -125,6 +125,8 @@ def test_wrong_keys_shapes_and_dtypes_name_the_field(tmp_path):
         storage.set(0, bad)
     with pytest.raises(mmreplay.SchemaError, match="env"):
         storage.set(0, rollout(2, 10))
+    with pytest.raises(NotImplementedError, match="append-only"):
+        storage[0] = data[:1]
     storage.close()
     with pytest.raises(mmreplay.SchemaError, match="obs_keys"):
         MMReplayStorage(tmp_path / "s", obs_keys=("pixels", "state"))
