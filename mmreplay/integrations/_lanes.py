@@ -74,10 +74,12 @@ class LaneWriters:
 
     def _continues(self, obs: Arrays, lanes: slice | np.ndarray) -> np.ndarray:
         """Which lanes' ``obs`` equal the ``next_obs`` they wait for (a row per lane of ``lanes``)."""
-        same = np.ones(len(self.has_pending[lanes]), np.bool_)
+        same = None
         for k in self.obs_names:
-            a, b = obs[k], self.pending[k][lanes]
-            same &= (a == b).reshape(len(same), -1).all(axis=1)
+            eq = obs[k] == self.pending[k][lanes]
+            eq = eq.reshape(len(eq), -1).all(axis=1)
+            same = eq if same is None else same & eq
+        assert same is not None
         return same
 
     def step(self, obs: Arrays, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
@@ -89,13 +91,19 @@ class LaneWriters:
                 self._cut(cut)
         done = terminated | truncated
         final = self._final
-        for i, w in enumerate(self.writers):
-            j = slice(i, i + 1)
-            row = {k: obs[k][j] for k in self.obs_names}
-            row.update(action=action[j], reward=reward[j], terminated=terminated[j], truncated=truncated[j])
-            w.add(row)
-            if done[i]:  # the final observation: the writer flags it is_last (the row before is done)
-                w.add({**final, **{k: next_obs[k][j] for k in self.obs_names}})
+        if len(self.writers) == 1:  # one env: the arrays are its rows as they are
+            row = {**obs, "action": action, "reward": reward, "terminated": terminated, "truncated": truncated}
+            self.writers[0].add(row)
+            if done[0]:
+                self.writers[0].add({**final, **next_obs})
+        else:
+            for i, w in enumerate(self.writers):
+                j = slice(i, i + 1)
+                row = {k: obs[k][j] for k in self.obs_names}
+                row.update(action=action[j], reward=reward[j], terminated=terminated[j], truncated=truncated[j])
+                w.add(row)
+                if done[i]:  # the final observation: the writer flags it is_last (the row before is done)
+                    w.add({**final, **{k: next_obs[k][j] for k in self.obs_names}})
         for k in self.obs_names:
             np.copyto(self.pending[k], next_obs[k])
         self.has_pending = ~done

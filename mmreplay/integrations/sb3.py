@@ -131,6 +131,9 @@ class MMReplayBuffer(ReplayBuffer):
         self._dict_obs = isinstance(self.observation_space, spaces.Dict)
         self._act_dtype = self._maybe_cast_dtype(self.action_space.dtype)
         self._seed = seed
+        n, fields = self.n_envs, self.store.schema
+        self._shapes = {f.name: (n, *f.shape) for f in fields.fields}  # what add() hands to the lanes
+        self._reward_dtype = fields["reward"].dtype
 
     # -- SB3's buffer API -----------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
@@ -139,20 +142,17 @@ class MMReplayBuffer(ReplayBuffer):
         n = self.n_envs
         if len(infos) != n:
             raise SchemaError(f"`infos` has {len(infos)} entries, expected one per env (n_envs={n})")
-        timeout = np.fromiter((info.get("TimeLimit.truncated", False) for info in infos), np.bool_, n)
-        done = _lead("done", np.asarray(done), n).astype(np.bool_, copy=False).reshape(n)
-        terminated = done & ~timeout
+        timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
+        done = _as(np.asarray(done), (n,), "done")
+        if done.dtype != np.bool_:
+            done = done.astype(np.bool_)
         fields = self._fields_of(obs, "obs")
         nxt = self._fields_of(next_obs, "next_obs")
-        act_field = self.store.schema["action"]
-        action = _lead("action", np.asarray(action), n)
-        if action.size != n * int(np.prod(act_field.shape)):
-            raise SchemaError(f"field 'action': expected {n} actions of shape {act_field.shape} (n_envs={n}), "
-                              f"got shape {action.shape}")
-        action = action.reshape(n, *act_field.shape)
-        reward = _lead("reward", np.asarray(reward), n).reshape(n)
-        self.lanes.step(fields, action, reward.astype(self.store.schema["reward"].dtype, copy=False), terminated,
-                        done & timeout, nxt)
+        action = _as(np.asarray(action), self._shapes["action"], "action")
+        reward = _as(np.asarray(reward), (n,), "reward")
+        if reward.dtype != self._reward_dtype:
+            reward = reward.astype(self._reward_dtype)
+        self.lanes.step(fields, action, reward, done & ~timeout, done & timeout, nxt)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly (with replacement) over the whole store."""
@@ -210,23 +210,15 @@ class MMReplayBuffer(ReplayBuffer):
     # -- conversions ------------------------------------------------------------------------
     def _fields_of(self, obs: Any, what: str) -> dict[str, np.ndarray]:
         """SB3 observations (an array, or a dict for Dict spaces) as the store's obs fields."""
-        n, schema = self.n_envs, self.store.schema
-        if self._dict_obs:
-            if not isinstance(obs, dict):
-                raise SchemaError(f"`{what}` must be a dict of arrays for a Dict observation space")
-            got = {f"obs/{k}": v for k, v in obs.items()}
-        else:
-            got = {"obs": obs}
+        if not self._dict_obs:
+            return {"obs": _as(np.asarray(obs), self._shapes["obs"], "obs", what)}
+        if not isinstance(obs, dict):
+            raise SchemaError(f"`{what}` must be a dict of arrays for a Dict observation space")
         out = {}
         for name in self._obs_names:
-            f = schema[name]
-            if name not in got:
-                raise SchemaError(f"`{what}` lacks key {name.removeprefix('obs/')!r}")
-            x = _lead(what if name == "obs" else f"{what}[{name[4:]!r}]", np.asarray(got[name]), n)
-            if x.size != n * int(np.prod(f.shape)):
-                raise SchemaError(f"field {name!r} (`{what}`): expected shape ({n}, {', '.join(map(str, f.shape))}) "
-                                  f"(n_envs={n}), got {x.shape}")
-            out[name] = x.reshape(n, *f.shape)
+            if name[4:] not in obs:
+                raise SchemaError(f"`{what}` lacks key {name[4:]!r}")
+            out[name] = _as(np.asarray(obs[name[4:]]), self._shapes[name], name, f"{what}[{name[4:]!r}]")
         return out
 
     def _obs_tensor(self, x: Any, B: int) -> Any:
@@ -235,10 +227,15 @@ class MMReplayBuffer(ReplayBuffer):
         return x.reshape(B, *self.obs_shape)
 
 
-def _lead(name: str, x: np.ndarray, n: int) -> np.ndarray:
-    if x.ndim == 0 or x.shape[0] != n:
-        raise SchemaError(f"field {name!r}: expected leading dimension n_envs={n}, got shape {x.shape}")
-    return x
+def _as(x: np.ndarray, shape: tuple[int, ...], name: str, what: str = "") -> np.ndarray:
+    """``x`` reshaped to ``shape`` (``(n_envs, *field shape)``; SB3 passes Discrete values as ``(n_envs,)``
+    or ``(n_envs, 1)``), or ``SchemaError`` naming the field."""
+    if x.shape == shape:
+        return x
+    if x.ndim == 0 or x.shape[0] != shape[0] or x.size != int(np.prod(shape)):
+        raise SchemaError(f"field {name!r}{f' (`{what}`)' if what else ''}: expected shape {shape} (n_envs="
+                          f"{shape[0]}), got {x.shape}")
+    return x.reshape(shape)
 
 
 def _torch_dtype(dtype: Any) -> th.dtype:
