@@ -1,20 +1,37 @@
-"""TorchRL: MMReplayStorage round trips, TorchRL's samplers, a DQN loss on sampled batches."""
+"""TorchRL: MMReplayStorage round trips, TorchRL's samplers, a DQN loss on sampled batches.
+
+``torchrl.data`` imports Ray, and a process that imported Ray before ``mmreplay.cluster`` starts a
+local instance refuses to (tests/cluster): TorchRL is imported inside the tests, not at collection.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("torchrl")
+pytest.importorskip("tensordict")
 
 from tensordict import TensorDict  # noqa: E402
-from torchrl.data import RandomSampler, SamplerWithoutReplacement, TensorDictReplayBuffer  # noqa: E402
 
 import mmreplay  # noqa: E402
-from mmreplay.integrations.torchrl import MMReplaySampler, MMReplayStorage, collate  # noqa: E402
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchrl") is None, reason="needs the torchrl extra")
+
+
+@pytest.fixture
+def trl() -> SimpleNamespace:
+    from torchrl.data import RandomSampler, SamplerWithoutReplacement, TensorDictReplayBuffer
+
+    from mmreplay.integrations.torchrl import MMReplaySampler, MMReplayStorage, collate
+
+    return SimpleNamespace(RandomSampler=RandomSampler, SamplerWithoutReplacement=SamplerWithoutReplacement,
+                           TensorDictReplayBuffer=TensorDictReplayBuffer, MMReplaySampler=MMReplaySampler,
+                           MMReplayStorage=MMReplayStorage, collate=collate)
 
 KEYS = ["observation", "action", "done", "terminated", "truncated", ("next", "observation"), ("next", "reward"),
         ("next", "done"), ("next", "terminated"), ("next", "truncated")]
@@ -45,16 +62,17 @@ def rollout(envs: int, T: int, seed: int = 0, gap_at: int | None = None) -> Tens
                  "terminated": t_, "truncated": tr}}, [envs, T])
 
 
-def test_tensordicts_round_trip_exactly(tmp_path):
+def test_tensordicts_round_trip_exactly(tmp_path, trl):
     data = rollout(2, 40, gap_at=20)
-    storage = MMReplayStorage(tmp_path / "s", 10_000)
-    rb = TensorDictReplayBuffer(storage=storage, sampler=MMReplaySampler(), collate_fn=collate, batch_size=16)
+    storage = trl.MMReplayStorage(tmp_path / "s", 10_000)
+    rb = trl.TensorDictReplayBuffer(storage=storage, sampler=trl.MMReplaySampler(), collate_fn=trl.collate,
+                                    batch_size=16)
     rb.extend(data[:, :25].clone())
     rb.extend(data[:, 25:].clone())  # the second block continues each env's episode
     pending = int((~data["next", "done"][:, -1, 0]).sum())
     assert pending and len(rb) == 80 - pending  # each env's newest step waits for its next one
     storage.close()  # ... or for close()
-    storage = MMReplayStorage(tmp_path / "s", 10_000)
+    storage = trl.MMReplayStorage(tmp_path / "s", 10_000)
     assert len(storage) == 80
     got = storage.get(torch.arange(80))  # positions: env 0's steps in order, then env 1's
     want = data.reshape(-1)
@@ -67,11 +85,12 @@ def test_tensordicts_round_trip_exactly(tmp_path):
     storage.close()
 
 
-@pytest.mark.parametrize("sampler", [MMReplaySampler, RandomSampler, SamplerWithoutReplacement])
-def test_torchrl_samplers_draw_stored_transitions(tmp_path, sampler):
+@pytest.mark.parametrize("name", ["MMReplaySampler", "RandomSampler", "SamplerWithoutReplacement"])
+def test_torchrl_samplers_draw_stored_transitions(tmp_path, trl, name):
     data = rollout(1, 60, seed=1)[0]  # one env: dims [T]
-    storage = MMReplayStorage(tmp_path / "s", 10_000, seed=0)
-    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler(), collate_fn=collate, batch_size=32)
+    storage = trl.MMReplayStorage(tmp_path / "s", 10_000, seed=0)
+    rb = trl.TensorDictReplayBuffer(storage=storage, sampler=getattr(trl, name)(), collate_fn=trl.collate,
+                                    batch_size=32)
     rb.extend(data)
     where = {data["observation"][t].numpy().tobytes(): t for t in range(60)}
     drawn = []
@@ -82,19 +101,20 @@ def test_torchrl_samplers_draw_stored_transitions(tmp_path, sampler):
             drawn.append(t)
             for key in KEYS:
                 assert torch.equal(batch[key][k], data[key][t]), key
-    if sampler is SamplerWithoutReplacement:  # one pass: every stored transition once
+    if name == "SamplerWithoutReplacement":  # one pass: every stored transition once
         assert sorted(drawn) == list(range(len(storage)))
     else:
         assert len(drawn) == 64
     storage.close()
 
 
-def test_dqn_loss_runs_on_sampled_batches(tmp_path):
+def test_dqn_loss_runs_on_sampled_batches(tmp_path, trl):
     from torchrl.modules import MLP, QValueActor
     from torchrl.objectives import DQNLoss
 
-    storage = MMReplayStorage(tmp_path / "s", 10_000, seed=0)
-    rb = TensorDictReplayBuffer(storage=storage, sampler=MMReplaySampler(), collate_fn=collate, batch_size=64)
+    storage = trl.MMReplayStorage(tmp_path / "s", 10_000, seed=0)
+    rb = trl.TensorDictReplayBuffer(storage=storage, sampler=trl.MMReplaySampler(), collate_fn=trl.collate,
+                                    batch_size=64)
     rb.extend(rollout(4, 50))
     actor = QValueActor(MLP(in_features=3, out_features=2, num_cells=[16]), in_keys=["observation"],
                         action_space="one-hot")
@@ -109,9 +129,9 @@ def test_dqn_loss_runs_on_sampled_batches(tmp_path):
     storage.close()
 
 
-def test_wrong_keys_shapes_and_dtypes_name_the_field(tmp_path):
+def test_wrong_keys_shapes_and_dtypes_name_the_field(tmp_path, trl):
     data = rollout(1, 10)[0]
-    storage = MMReplayStorage(tmp_path / "s", 10_000)
+    storage = trl.MMReplayStorage(tmp_path / "s", 10_000)
     storage.set(0, data)
     with pytest.raises(mmreplay.SchemaError, match="'observation'"):
         storage.set(0, data.exclude("observation"))
@@ -129,4 +149,4 @@ def test_wrong_keys_shapes_and_dtypes_name_the_field(tmp_path):
         storage[0] = data[:1]
     storage.close()
     with pytest.raises(mmreplay.SchemaError, match="obs_keys"):
-        MMReplayStorage(tmp_path / "s", obs_keys=("pixels", "state"))
+        trl.MMReplayStorage(tmp_path / "s", obs_keys=("pixels", "state"))
