@@ -120,7 +120,7 @@ def _losses(model) -> dict[str, float]:
 def test_algorithms_learn_on_it_with_finite_losses(tmp_path, algo):
     cls = getattr(sb3, algo)
     env = "CartPole-v1" if algo == "DQN" else "Pendulum-v1"
-    kwargs = dict(train_freq=4, gradient_steps=2, target_update_interval=50) if algo == "DQN" else {}
+    kwargs = dict(train_freq=4, gradient_steps=2, target_update_interval=50) if algo == "DQN" else dict(train_freq=4)
     model = cls("MlpPolicy", env, learning_starts=64, batch_size=32, seed=0, replay_buffer_class=MMReplayBuffer,
                 replay_buffer_kwargs=dict(path=tmp_path / "s"), policy_kwargs=dict(net_arch=[32, 32]), **kwargs)
     model.learn(300, log_interval=None)
