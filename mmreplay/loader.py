@@ -56,21 +56,28 @@ class TensorBatch:
 _STOP = object()
 
 
-def tensor_batch(b: TransitionBatch, device: Any, float_dtype: Any = None) -> TensorBatch:
+def tensor_batch(b: TransitionBatch, device: Any, float_dtype: Any = None, base: Any = None) -> TensorBatch:
     """A numpy batch as a ``TensorBatch`` on ``device``: every field, ``extra`` fields included
     (dict observations stay dicts). On the CPU the tensors are views of the batch's arrays (no
     copy); elsewhere they are copied with ``non_blocking=True`` on the current stream. Float
     fields and uint8 ones (frames) are cast to ``float_dtype`` on the device if it is set. The
-    one builder behind ``BatchLoader`` and the synchronous training loop."""
+    one builder behind ``BatchLoader``, the synchronous training loop and the integrations.
+
+    ``base``: a 1-D uint8 CPU tensor the batch was gathered into (``sampler.fill(base.numpy(), B)``);
+    the tensors are then views of ``base`` itself, one storage, which a process hands to another
+    (a DataLoader worker to the main process) as one shared-memory block instead of one per field."""
     import torch
 
     device = torch.device(device)
     move = device.type != "cpu"
+    lo = 0 if base is None else base.numpy().__array_interface__["data"][0]
 
     def conv(a: Any) -> Any:
         if a is None:
             return None
-        t = torch.from_numpy(np.asarray(a))
+        a = np.asarray(a)
+        t = _view_of(base, lo, a, torch) if base is not None else None
+        t = torch.from_numpy(a) if t is None else t
         if move:
             t = t.to(device, non_blocking=True)
         if float_dtype is not None and (t.is_floating_point() or t.dtype == torch.uint8):
@@ -83,6 +90,19 @@ def tensor_batch(b: TransitionBatch, device: Any, float_dtype: Any = None) -> Te
     return TensorBatch(obs(b.obs), conv(b.action), conv(b.reward), obs(b.next_obs), conv(b.terminated),
                        conv(b.truncated), np.array(b.ids), conv(b.weights), conv(b.discount),
                        {k: conv(v) for k, v in b.extra.items()})
+
+
+def _view_of(base: Any, lo: int, a: np.ndarray, torch: Any) -> Any:
+    """``a`` as a view of the uint8 tensor ``base`` whose memory starts at address ``lo``, or ``None``
+    when it lies elsewhere or is not aligned for its dtype."""
+    off, size = a.__array_interface__["data"][0] - lo, a.itemsize
+    if a.size == 0 or off < 0 or off % size or any(st % size for st in a.strides) or a.dtype.kind not in "biuf":
+        return None
+    span = off + sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + size
+    if span > base.numel() or min(a.strides, default=0) < 0:
+        return None
+    typed = base[: base.numel() // size * size].view(torch.from_numpy(a[:0].reshape(0)).dtype)
+    return typed.as_strided(a.shape, [st // size for st in a.strides], off // size)
 
 
 class BatchLoader:

@@ -136,7 +136,10 @@ class SegmentSupply:
         else:
             if self._syncer is None:
                 self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
-            self._syncs.append(self._syncer.submit(self._close_durable, seg))
+            try:
+                self._syncs.append(self._syncer.submit(self._close_durable, seg))
+            except RuntimeError:  # interpreter shutdown (a writer closed at exit): no new threads
+                self._close_durable(seg)
 
     def _close_durable(self, seg: Segment) -> None:
         seg.close_durable(seg.control.committed)

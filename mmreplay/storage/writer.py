@@ -215,12 +215,15 @@ class Writer:
                 seg.sync_control()
                 self._synced = self._n
 
-    def close(self, last_obs: Any = None) -> None:
-        """Publish and seal the open segment, make it durable and release the writer id.
+    def end_episodes(self, last_obs: Any) -> None:
+        """Write ``last_obs`` (leading dimension ``lanes``) as every lane's final row and go on: the last
+        steps become transitions to it (``next_obs``); the episodes end unflagged (``info``: incomplete)."""
+        self._check()
+        self._append_last(last_obs)
 
-        ``last_obs`` (optional, leading dimension ``lanes``) is written as a final row of every
-        lane so the last steps become sampleable transitions (their ``next_obs``).
-        """
+    def close(self, last_obs: Any = None) -> None:
+        """Publish and seal the open segment, make it durable and release the writer id; ``last_obs``
+        (optional) is first written as every lane's final row (see ``end_episodes``)."""
         if self._closed:
             return
         if self._pid != os.getpid():
@@ -367,12 +370,8 @@ class Writer:
             if len(obs_names) != 1:
                 raise SchemaError(f"`last_obs` must be a dict with keys {list(obs_names)}")
             last_obs = {obs_names[0]: last_obs}
-        data: dict[str, Any] = {}
-        for f in self.schema.fields:
-            if f.name in obs_names:
-                data[f.name] = last_obs[f.name.removeprefix("obs/")] if f.name not in last_obs else last_obs[f.name]
-            else:
-                data[f.name] = np.zeros((self.lanes, *f.shape), f.dtype)
+        data = {f.name: (last_obs[f.name.removeprefix("obs/")] if f.name not in last_obs else last_obs[f.name])
+                if f.name in obs_names else np.zeros((self.lanes, *f.shape), f.dtype) for f in self.schema.fields}
         arrays, _ = self.schema.validate_batch(data, (self.lanes,), cast=self.cast, nonfinite=self.nonfinite)
         with self._mutex:
             self._write(arrays, np.ones(self.lanes, np.bool_), self.lanes)

@@ -115,3 +115,21 @@ def test_synchronous_training_batches_keep_extra_fields(tmp_path):
         for name in b.extra:
             np.testing.assert_array_equal(lb.extra[name].numpy(), b.extra[name].numpy())
     s.close()
+
+
+@pytest.mark.parametrize("view", [dict(), dict(n_step=3, frame_stack=2)])
+def test_tensor_batch_on_a_base_buffer_is_views_of_it(store, view):
+    from mmreplay.loader import tensor_batch
+
+    filled(store)
+    a, b = (mmreplay.UniformSampler(store, seed=3, **view) for _ in range(2))
+    base = torch.empty(a.batch_nbytes(16), dtype=torch.uint8)
+    got = tensor_batch(a.fill(base.numpy(), 16), "cpu", base=base)
+    want = tensor_batch(b.sample(16), "cpu")
+    for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount"):
+        x, y = getattr(got, name), getattr(want, name)
+        if y is None:
+            continue
+        assert torch.equal(x, y), name
+        if not view or name in ("obs", "next_obs", "action"):  # n-step returns are computed apart
+            assert x.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), name  # one storage

@@ -121,6 +121,22 @@ def test_last_obs_on_close_makes_the_tail_sampleable(store):
     assert len(b) == 2 * 3 and b.next_obs[:, 0].max() == 3
 
 
+def test_end_episodes_ends_every_lane_and_keeps_writing(store):
+    w = store.writer(lanes=2)
+    for t in range(3):
+        w.add(**step(2, t))
+    w.end_episodes(step(2, 100)["obs"])  # the episodes end at obs t=100, unflagged
+    for t in range(3, 5):
+        w.add(**step(2, t))
+    w.close()
+    b = store.transitions(store.transition_ids())
+    assert len(b) == 2 * 3 + 2 * 1  # t=0..2 of the first episodes, t=3 of the new ones (t=4: no next row)
+    last = b.obs[:, 0] == 2
+    assert (b.next_obs[last, 0] == 100).all() and not (b.terminated | b.truncated).any()
+    assert (b.next_obs[b.obs[:, 0] == 3, 0] == 4).all()  # no transition from the final row to t=3
+    assert store.info()["episodes_incomplete"] >= 2  # the two end_episodes ended (no flag)
+
+
 def test_bad_input_writes_nothing(store):
     w = store.writer(lanes=2)
     w.add(**step(2, 0))

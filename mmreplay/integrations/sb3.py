@@ -1,0 +1,248 @@
+"""Stable-Baselines3: ``MMReplayBuffer``, an SB3 ``ReplayBuffer`` whose data lives in a store.
+
+Use it with any off-policy algorithm (DQN, SAC, TD3, DDPG)::
+
+    from mmreplay.integrations.sb3 import MMReplayBuffer
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=MMReplayBuffer,
+                replay_buffer_kwargs=dict(path="/data/cartpole-dqn"))
+
+What it keeps:
+
+* SB3's contract: it is a ``ReplayBuffer`` (``isinstance`` checks pass) but allocates none of SB3's
+  arrays; ``add(obs, next_obs, action, reward, done, infos)`` takes what SB3's algorithms pass
+  (``next_obs`` already holds ``infos[i]["terminal_observation"]`` for done envs) and
+  ``sample(batch_size, env)`` returns ``ReplayBufferSamples`` (``DictReplayBufferSamples`` for
+  Dict observations) on SB3's device with SB3's shapes and dtypes: actions ``(B, action_dim)``,
+  rewards and dones ``(B, 1)`` float32. ``dones`` is ``terminated`` with
+  ``handle_timeout_termination=True`` (SB3's ``done * (1 - timeout)``), else ``terminated or
+  truncated``; VecNormalize (``env=``) normalizes observations and rewards at sampling as in SB3.
+* The store's rows: ``Schema.from_spaces`` (the schema ``mmreplay collect`` makes for the same
+  env, so actors can write into the same store), one single-lane writer per env (``_lanes``),
+  ``truncated`` from ``infos[i]["TimeLimit.truncated"]``. Box actions are stored as SB3 hands
+  them over (scaled to [-1, 1] by SAC and TD3). ``optimize_memory_usage`` changes nothing:
+  ``next_obs`` is never stored twice anyway, and may be combined with
+  ``handle_timeout_termination`` (SB3 refuses that pair for its own buffer).
+* Persistence: a buffer with the path of an existing store continues on its rows (a new
+  process, a new model; no ``save_replay_buffer`` needed) and several processes may write one
+  store while each samples all of it (rows of other processes within ``refresh_interval_s``).
+  Pickling (``save_replay_buffer``) saves the path and settings, not the rows.
+* Capacity: ``buffer_size`` rows (FIFO by whole segments; new stores get segments of
+  ``buffer_size // 8`` rows, at least 1,024). Sampling draws uniformly over every stored
+  transition with the buffer's own seeded generator (its seed is drawn from numpy's global
+  generator, which SB3's ``seed=`` sets, unless ``seed=`` is given).
+
+The newest step of each env becomes sampleable when the env's next step is added (its
+``next_obs`` is that step's row); ``close()`` (or interpreter exit) writes the pending ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
+
+from ..core.errors import SchemaError
+from ..core.schema import Schema
+from ..loader import tensor_batch
+from ..sampling.uniform import UniformSampler
+from ..storage.manifest import default_segment_records
+from ..storage.opening import open_or_create
+from ._lanes import LaneWriters
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from ..storage.view import TransitionBatch
+
+__all__ = ["MMReplayBuffer"]
+
+
+class MMReplayBuffer(ReplayBuffer):
+    """An SB3 replay buffer backed by an mmreplay store at ``path``.
+
+    Parameters
+    ----------
+    buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage, handle_timeout_termination
+        As for SB3's ``ReplayBuffer`` (SB3's algorithms pass them).
+    path
+        The store directory: created from the spaces if missing, else opened and appended to
+        (its schema must be the one the spaces give: ``SchemaError`` names the field otherwise).
+    segment_records
+        Rows per segment file of a new store (default: ``buffer_size // 8``, at least 1,024).
+    durability
+        The writers' durability level (``"process"``, ``"segment"``, ``"batch"``; see ``mmreplay.Writer``).
+    seed
+        Seed of the sampler's generator; ``None`` draws one from ``numpy.random``.
+    refresh_interval_s
+        How often the sampler looks for rows written by other processes.
+    sampler_kwargs
+        More ``mmreplay.UniformSampler`` options (``mode="windowed"``, ``cache_bytes``,
+        ``prefetch_batches``) for stores larger than RAM.
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        path: str | Path,
+        segment_records: int | None = None,
+        durability: Literal["process", "segment", "batch"] = "segment",
+        seed: int | None = None,
+        refresh_interval_s: float = 1.0,
+        sampler_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)  # as SB3: steps of the vector env
+        self.optimize_memory_usage = optimize_memory_usage
+        self.handle_timeout_termination = handle_timeout_termination
+        self.path = str(path)
+        self._options = dict(segment_records=segment_records, durability=durability, seed=seed,
+                             refresh_interval_s=refresh_interval_s, sampler_kwargs=sampler_kwargs)
+        self._open(buffer_size, np.random.randint(2**63 - 1) if seed is None else seed)
+
+    def _open(self, capacity: int, seed: int) -> None:
+        o = self._options
+        schema = Schema.from_spaces(self.observation_space, self.action_space)
+        records = o["segment_records"]
+        if records is None:
+            records = min(default_segment_records(schema), max(1024, capacity // 8 // 1024 * 1024))
+        self.store = open_or_create(self.path, schema, capacity, segment_records=None if Path(
+            self.path, "STORE.json").exists() else records, metadata={"writer": "stable-baselines3"},
+            what="this SB3 model's spaces")
+        try:
+            self.lanes = LaneWriters(self.store, self.n_envs, durability=o["durability"])
+            self.sampler = UniformSampler(self.store, seed=seed, refresh_interval_s=o["refresh_interval_s"],
+                                          **(o["sampler_kwargs"] or {}))
+        except BaseException:
+            self.store.close()
+            raise
+        self._obs_names = schema.obs_names
+        self._dict_obs = isinstance(self.observation_space, spaces.Dict)
+        self._act_dtype = self._maybe_cast_dtype(self.action_space.dtype)
+        self._seed = seed
+        n, fields = self.n_envs, self.store.schema
+        self._shapes = {f.name: (n, *f.shape) for f in fields.fields}  # what add() hands to the lanes
+        self._reward_dtype = fields["reward"].dtype
+
+    # -- SB3's buffer API -----------------------------------------------------------------
+    def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
+            infos: list[dict[str, Any]]) -> None:
+        """Append one step of the ``n_envs`` envs (what SB3's ``_store_transition`` passes)."""
+        n = self.n_envs
+        if len(infos) != n:
+            raise SchemaError(f"`infos` has {len(infos)} entries, expected one per env (n_envs={n})")
+        timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
+        done = _as(np.asarray(done), (n,), "done")
+        if done.dtype != np.bool_:
+            done = done.astype(np.bool_)
+        fields = self._fields_of(obs, "obs")
+        nxt = self._fields_of(next_obs, "next_obs")
+        action = _as(np.asarray(action), self._shapes["action"], "action")
+        reward = _as(np.asarray(reward), (n,), "reward")
+        if reward.dtype != self._reward_dtype:
+            reward = reward.astype(self._reward_dtype)
+        self.lanes.step(fields, action, reward, done & ~timeout, done & timeout, nxt)
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        """``batch_size`` transitions drawn uniformly (with replacement) over the whole store."""
+        return self.samples_of(self.sampler.sample(batch_size), env)
+
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        """The transitions starting at store row ids ``batch_inds`` (not SB3's ``(pos, env)`` slots)."""
+        return self.samples_of(self.store.transitions(np.asarray(batch_inds, np.int64)), env)
+
+    def samples_of(self, b: TransitionBatch, env: VecNormalize | None = None) -> Any:
+        """An mmreplay batch as SB3's ``ReplayBufferSamples`` on this buffer's device."""
+        B = len(b)
+        if env is not None:  # VecNormalize: normalize as SB3 does, in numpy
+            b = _replace(b, obs=self._normalize_obs(b.obs, env), next_obs=self._normalize_obs(b.next_obs, env),
+                         reward=self._normalize_reward(b.reward.astype(np.float32), env))
+        t = tensor_batch(b, self.device)
+        done = t.terminated if self.handle_timeout_termination else (t.terminated | t.truncated)
+        obs, next_obs = (self._obs_tensor(x, B) for x in (t.obs, t.next_obs))
+        action = t.action.reshape(B, self.action_dim).to(_torch_dtype(self._act_dtype))
+        cls = DictReplayBufferSamples if self._dict_obs else ReplayBufferSamples
+        return cls(obs, action, next_obs, done.to(th.float32).reshape(B, 1), t.reward.to(th.float32).reshape(B, 1))
+
+    def size(self) -> int:
+        """Rows in the store per env (final-observation rows included), at most ``buffer_size``."""
+        return min(self.store.num_rows // self.n_envs, self.buffer_size)
+
+    def reset(self) -> None:
+        """Not supported: the store keeps its rows (use a new ``path`` for an empty buffer)."""
+        raise NotImplementedError("an mmreplay store keeps its rows; give the buffer a new `path` to start empty")
+
+    # -- mmreplay's extras ----------------------------------------------------------------
+    def flush(self) -> None:
+        """Publish every row added and make it durable (msync), whatever the durability level."""
+        self.lanes.flush()
+
+    def close(self) -> None:
+        """Write each env's pending step, close the writers and the store (idempotent)."""
+        if self.store.reader is None:
+            return
+        try:
+            self.lanes.close()
+        finally:
+            self.sampler.close()
+            self.store.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("store", "lanes", "sampler")}
+        self.lanes.publish()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open(self.buffer_size * self.n_envs, self._seed + 1)
+
+    # -- conversions ------------------------------------------------------------------------
+    def _fields_of(self, obs: Any, what: str) -> dict[str, np.ndarray]:
+        """SB3 observations (an array, or a dict for Dict spaces) as the store's obs fields."""
+        if not self._dict_obs:
+            return {"obs": _as(np.asarray(obs), self._shapes["obs"], "obs", what)}
+        if not isinstance(obs, dict):
+            raise SchemaError(f"`{what}` must be a dict of arrays for a Dict observation space")
+        out = {}
+        for name in self._obs_names:
+            if name[4:] not in obs:
+                raise SchemaError(f"`{what}` lacks key {name[4:]!r}")
+            out[name] = _as(np.asarray(obs[name[4:]]), self._shapes[name], name, f"{what}[{name[4:]!r}]")
+        return out
+
+    def _obs_tensor(self, x: Any, B: int) -> Any:
+        if isinstance(x, dict):
+            return {k: v.reshape(B, *self.obs_shape[k]) for k, v in x.items()}  # type: ignore[index]
+        return x.reshape(B, *self.obs_shape)
+
+
+def _as(x: np.ndarray, shape: tuple[int, ...], name: str, what: str = "") -> np.ndarray:
+    """``x`` reshaped to ``shape`` (``(n_envs, *field shape)``; SB3 passes Discrete values as ``(n_envs,)``
+    or ``(n_envs, 1)``), or ``SchemaError`` naming the field."""
+    if x.shape == shape:
+        return x
+    if x.ndim == 0 or x.shape[0] != shape[0] or x.size != int(np.prod(shape)):
+        raise SchemaError(f"field {name!r}{f' (`{what}`)' if what else ''}: expected shape {shape} (n_envs="
+                          f"{shape[0]}), got {x.shape}")
+    return x.reshape(shape)
+
+
+def _torch_dtype(dtype: Any) -> th.dtype:
+    return th.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _replace(b: TransitionBatch, **changes: Any) -> TransitionBatch:
+    import dataclasses
+
+    return dataclasses.replace(b, **changes)
