@@ -50,7 +50,6 @@ from ..core.errors import SchemaError
 from ..core.schema import Schema
 from ..loader import tensor_batch
 from ..sampling.uniform import UniformSampler
-from ..storage.manifest import default_segment_records
 from ..storage.opening import open_or_create
 from ._lanes import LaneWriters
 
@@ -73,7 +72,8 @@ class MMReplayBuffer(ReplayBuffer):
         The store directory: created from the spaces if missing, else opened and appended to
         (its schema must be the one the spaces give: ``SchemaError`` names the field otherwise).
     segment_records
-        Rows per segment file of a new store (default: ``buffer_size // 8``, at least 1,024).
+        Rows per segment file of a new store (default: the store's, which follows ``buffer_size``
+        and ``n_envs`` so a full buffer holds at most 1.25 x ``buffer_size`` + (n_envs + 1) x 1,024 rows).
     durability
         The writers' durability level (``"process"``, ``"segment"``, ``"batch"``; see ``mmreplay.Writer``).
     seed
@@ -114,12 +114,10 @@ class MMReplayBuffer(ReplayBuffer):
     def _open(self, capacity: int, seed: int) -> None:
         o = self._options
         schema = Schema.from_spaces(self.observation_space, self.action_space)
-        records = o["segment_records"]
-        if records is None:
-            records = min(default_segment_records(schema), max(1024, capacity // 8 // 1024 * 1024))
-        self.store = open_or_create(self.path, schema, capacity, segment_records=None if Path(
-            self.path, "STORE.json").exists() else records, metadata={"writer": "stable-baselines3"},
-            what="this SB3 model's spaces")
+        # default segments follow the capacity and the writers (one per env): the store's own rule
+        self.store = open_or_create(self.path, schema, capacity, segment_records=o["segment_records"],
+                                    metadata={"writer": "stable-baselines3"}, what="this SB3 model's spaces",
+                                    writers=self.n_envs)
         try:
             self.lanes = LaneWriters(self.store, self.n_envs, durability=o["durability"])
             self.sampler = UniformSampler(self.store, seed=seed, refresh_interval_s=o["refresh_interval_s"],

@@ -76,7 +76,8 @@ class MMReplayStorage(Storage):
     action_key
         The action key.
     segment_records
-        Rows per segment of a new store (default: ``max_size // 8``, at least 1,024).
+        Rows per segment of a new store (default: the store's, which follows ``max_size`` and the
+        number of envs so a full store holds at most 1.25 x ``max_size`` + (envs + 1) x 1,024 rows).
     durability, seed, refresh_interval_s
         As for ``mmreplay.Writer`` / ``mmreplay.UniformSampler``.
     """
@@ -126,9 +127,10 @@ class MMReplayStorage(Storage):
     def _open_for(self, data: TensorDictBase, nd: int) -> None:
         if self.store is None:
             schema = self._schema_of(data, nd)
-            records = self._opts["segment_records"] or max(1024, self.max_size // 8 // 1024 * 1024)
-            self._attach(open_or_create(self.path, schema, self.max_size, segment_records=records,
-                                        metadata={"writer": "torchrl"}, what="this TensorDict"))
+            # default segments follow the capacity and the writers (one per env): the store's own rule
+            envs = 1 if nd == 1 else int(data.batch_size[0])
+            self._attach(open_or_create(self.path, schema, self.max_size, segment_records=self._opts["segment_records"],
+                                        metadata={"writer": "torchrl"}, what="this TensorDict", writers=envs))
         lanes = 1 if nd == 1 else int(data.batch_size[0])
         if self.lanes is None:
             self.lanes = LaneWriters(self.store, lanes, durability=self._opts["durability"])
