@@ -8,13 +8,15 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def _loaded(modules: str, heavy: set[str], cwd: pathlib.Path) -> str:
+    """Which of ``heavy`` a fresh interpreter has loaded after ``import {modules}``."""
+    code = f"import sys, {modules}; print(sorted(set({sorted(heavy)!r}) & set(sys.modules)))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=cwd).stdout.strip()
+
+
 def test_import_mmreplay_loads_numpy_only(tmp_path):
-    code = (
-        "import sys, mmreplay; heavy = {'click', 'torch', 'zarr', 'gymnasium'} & set(sys.modules); "
-        "print(sorted(heavy))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
-    assert out.stdout.strip() == "[]"
+    assert _loaded("mmreplay", {"click", "torch", "zarr", "gymnasium"}, tmp_path) == "[]"
 
 
 def test_library_never_imports_click_or_bare_cli():
@@ -28,15 +30,8 @@ def test_library_never_imports_click_or_bare_cli():
 
 def test_import_mmreplay_loads_no_trainer_library(tmp_path):
     """The integrations load SB3 / TorchRL only when their own module is imported."""
-    code = (
-        "import sys, mmreplay, mmreplay.integrations; "
-        "heavy = {'stable_baselines3', 'torchrl', 'tensordict', 'torch'} & set(sys.modules); print(sorted(heavy))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]"
+    assert _loaded("mmreplay, mmreplay.integrations", {"stable_baselines3", "torchrl", "tensordict", "torch"}, ROOT) == "[]"
     names = sorted(p.stem for p in (ROOT / "mmreplay" / "integrations").glob("*.py"))
     assert names == ["__init__", "_lanes", "sb3", "torch_data", "torchrl"]
     for name in ("_lanes", "torch_data"):  # neither needs an extra
-        code = f"import sys, mmreplay.integrations.{name}; print(sorted({{'stable_baselines3', 'torchrl'}} & set(sys.modules)))"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-        assert out.stdout.strip() == "[]", name
+        assert _loaded(f"mmreplay.integrations.{name}", {"stable_baselines3", "torchrl"}, ROOT) == "[]", name
