@@ -43,16 +43,29 @@ def _table() -> np.ndarray:
 TABLE = _table()
 
 
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _step8(c, lo, hi, t):  # pragma: no cover - compiled
+    """One slice-by-8 step: the crc state ``c`` (inverted) after 8 bytes, given as two
+    little-endian 32-bit halves ``lo`` and ``hi`` (the one place the table step is written)."""
+    w = c ^ lo
+    return (t[7, w & 0xFF] ^ t[6, (w >> np.uint32(8)) & 0xFF] ^ t[5, (w >> np.uint32(16)) & 0xFF]
+            ^ t[4, w >> np.uint32(24)] ^ t[3, hi & 0xFF] ^ t[2, (hi >> np.uint32(8)) & 0xFF]
+            ^ t[1, (hi >> np.uint32(16)) & 0xFF] ^ t[0, hi >> np.uint32(24)])
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _u32(buf, i):  # pragma: no cover - compiled
+    return (np.uint32(buf[i]) | (np.uint32(buf[i + 1]) << np.uint32(8)) | (np.uint32(buf[i + 2]) << np.uint32(16))
+            | (np.uint32(buf[i + 3]) << np.uint32(24)))
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def crc_update(crc, buf, lo, hi, t):  # pragma: no cover - compiled
     """crc32c of ``buf[lo:hi]`` continuing from ``crc`` (the ``crc32c`` package's convention)."""
     c = np.uint32(crc) ^ np.uint32(0xFFFFFFFF)
     i = lo
     while i + 8 <= hi:
-        w = c ^ (np.uint32(buf[i]) | (np.uint32(buf[i + 1]) << np.uint32(8)) | (np.uint32(buf[i + 2]) << np.uint32(16))
-                 | (np.uint32(buf[i + 3]) << np.uint32(24)))
-        c = (t[7, w & 0xFF] ^ t[6, (w >> np.uint32(8)) & 0xFF] ^ t[5, (w >> np.uint32(16)) & 0xFF]
-             ^ t[4, w >> np.uint32(24)] ^ t[3, buf[i + 4]] ^ t[2, buf[i + 5]] ^ t[1, buf[i + 6]] ^ t[0, buf[i + 7]])
+        c = _step8(c, _u32(buf, i), _u32(buf, i + 4), t)
         i += 8
     while i < hi:
         c = t[0, (c ^ buf[i]) & 0xFF] ^ (c >> np.uint32(8))
@@ -73,11 +86,7 @@ def crc_and_digests(crc, words, base, nrows, row_words, mults, t, out):  # pragm
             x = words[idx]
             idx += 1
             h += x * mults[w]
-            lo = c ^ np.uint32(x & np.uint64(0xFFFFFFFF))
-            hi = np.uint32(x >> np.uint64(32))
-            c = (t[7, lo & 0xFF] ^ t[6, (lo >> np.uint32(8)) & 0xFF] ^ t[5, (lo >> np.uint32(16)) & 0xFF]
-                 ^ t[4, lo >> np.uint32(24)] ^ t[3, hi & 0xFF] ^ t[2, (hi >> np.uint32(8)) & 0xFF]
-                 ^ t[1, (hi >> np.uint32(16)) & 0xFF] ^ t[0, hi >> np.uint32(24)])
+            c = _step8(c, np.uint32(x & np.uint64(0xFFFFFFFF)), np.uint32(x >> np.uint64(32)), t)
         out[r] = h >> np.uint64(32)
     return c ^ np.uint32(0xFFFFFFFF)
 

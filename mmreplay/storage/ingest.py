@@ -34,7 +34,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from .checks import identity
-from .format import SEQ_MASK, STATE_SEALED, Header, group_seed
+from .format import STATE_SEALED, Header, group_seed
 from ..core.fs import fsync_dir
 from ..core.errors import SchemaError, StoreLockedError
 from .segment import Segment, now_ns, segment_name
@@ -97,8 +97,7 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
         crc = group_seed(header, 0, seq1, n)
         lo, hi = store.layout.records_span(0, n)
         crc = _crc32c.crc32c(seg.view[lo:hi], crc)
-        seqs = np.arange(seq1, seq1 + n, dtype=np.uint64) & np.uint64(SEQ_MASK)
-        seg.stamp_seq[:n] = seqs | seg.digest_bits(0, n)
+        seg.stamp_seqs(0, n)
         seg.stamp_tail[:n] = np.uint64(crc | (n << 32))
         off = store.layout.stamps_offset
         seal_crc = _crc32c.crc32c(seg.view[off : off + 16 * n])

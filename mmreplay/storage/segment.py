@@ -35,6 +35,7 @@ from .format import (
     DATA_OFFSET as DATA_OFFSET_PAGE,
     IS_LAST,
     PAGE_SIZE,
+    SEQ_MASK,
     STAMPS,
     STATE_OPEN,
     Control,
@@ -140,13 +141,21 @@ class Segment:
         self.view = memoryview(self.mm)
         self.dir_synced = False  # the directory entry is known to be on disk
 
-    def digest_bits(self, start: int, stop: int) -> np.ndarray:
-        """The format 2 digests of rows ``[start, stop)`` (``format.row_digests``) as the high half
-        of their stamps' ``seq`` field: one ``numpy.dot`` over the record words."""
+    def stamp_seqs(self, start: int, stop: int) -> None:
+        """Write the ``seq`` field of rows ``[start, stop)``'s stamps as format 2 has it: the row
+        number's low 32 bits, and above them the row's digest (``format.row_digests``: one
+        ``numpy.dot`` over the record words). Each word is stored once, whole: a reader's
+        visibility probe reads it. The records must be written first."""
+        first = self.header.first_seq
+        word = np.arange(first + start + 1, first + stop + 1, dtype=np.uint64)
+        if first + stop >= SEQ_MASK:  # past 2**32 rows in one session
+            np.bitwise_and(word, np.uint64(SEQ_MASK), out=word)
         if self.record_words is None:
-            return row_digests(self.view, self.layout, start, stop) << np.uint64(32)
-        d = np.dot(self.record_words[start:stop], self._mults)
-        return np.bitwise_and(d, np.uint64(0xFFFFFFFF00000000), out=d)
+            digests = row_digests(self.view, self.layout, start, stop) << np.uint64(32)
+        else:
+            digests = np.dot(self.record_words[start:stop], self._mults)
+            np.bitwise_and(digests, np.uint64(0xFFFFFFFF00000000), out=digests)
+        self.stamp_seq[start:stop] = np.bitwise_or(word, digests, out=word)
 
     # -- creation -------------------------------------------------------------------------
     @classmethod

@@ -59,7 +59,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ..core import failpoint as _failpoint
-from .format import SEQ_MASK, STATE_SEALED, group_seed
+from .format import STATE_SEALED, group_seed
 from ._supply import SegmentSupply
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
@@ -167,7 +167,6 @@ class Writer:
             for f in self.schema.fields if f.dtype.kind in "fc"]
         self._nfields = len(self.schema.names)
         self._zero_record = np.zeros((), self.layout.record_dtype)
-        self._seq_template = np.arange(1, self.usable + 1, dtype=np.uint64)  # slot i -> i + 1
         atexit.register(self._atexit)
         try:  # the first segment is made now, not on the append path; the next one in the background
             with self._mutex:  # once this one is half full (a short session never makes a spare)
@@ -450,12 +449,7 @@ class Writer:
         crc = group_seed(seg.header, p, seq0 + 1, k)
         lo, hi = self.layout.records_span(p, n)
         crc = _extend(seg.view[lo:hi], crc)
-        # format 2: the row digest in the high half, the row number's low half below it; each
-        # stamp word stored once, whole (a reader's visibility probe reads it)
-        word = np.add(self._seq_template[p:n], np.uint64(seg.header.first_seq))
-        if seg.header.first_seq + n >= SEQ_MASK:  # past 2**32 rows in one session
-            np.bitwise_and(word, np.uint64(SEQ_MASK), out=word)
-        seg.stamp_seq[p:n] = np.bitwise_or(word, seg.digest_bits(p, n), out=word)
+        seg.stamp_seqs(p, n)  # row numbers and row digests (format 2)
         seg.stamp_tail[p:n] = crc | (k << 32)
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")
