@@ -1,21 +1,29 @@
 """SegmentSupply: makes a writer session's segments ahead of need and retires full ones.
 
 Making a segment (the store-wide allocation lock, eviction, ``posix_fallocate``, the header,
-pre-faulting its pages) costs milliseconds; making a sealed one durable costs a disk write. Both
-run in background threads so that the append path only swaps pointers:
+pre-faulting its pages) costs milliseconds; making a sealed one durable costs a disk write.
+Neither may stall the append path, and neither may take the GIL back and forth while it runs:
 
 * the writer makes its first segment when it opens (pre-faulted: its appends then cost no
-  page-cache allocation, like a buffer allocated up front), the second in the background once
-  the first is half full, and each later one as soon as it takes the previous (a whole segment's
-  time to make it), so a writer holds at most one spare segment of disk beyond the one it
-  writes, and a short session makes no spare at all;
-* ``prefetch()`` starts making the session's next segment in the background; ``next()`` hands
-  out segments in chain order, waiting for the background one only if it is not ready yet;
-  ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans segments fails
-  on a full disk *before* any of it is written;
-* ``retire(seg)`` closes a sealed segment: durably in the background for ``segment``
-  durability (``wait()`` collects those syncs and raises their errors), at once otherwise; then
-  catalogues it as sealed, its file identity recorded as checked (``checks.py``).
+  page-cache allocation, like a buffer allocated up front), the second once the first is half
+  full, and each later one as soon as it takes the previous (a whole segment's time to make it),
+  so a writer holds at most one spare segment of disk beyond the one it writes, and a short
+  session makes no spare at all;
+* ``prefetch()`` makes the session's next segment: a small file (``INLINE_BYTES``) at once on the
+  writer's thread, a larger one in a background thread. Why: a Python thread takes the GIL back
+  after each of its system calls (a segment's making is ~40 of them), and each time it does the
+  appending thread is stopped for a thread switch; on a 2-core VM that cost the appending thread
+  ~30 ms per segment, while making a 1 MiB segment on the spot costs ~2.5 ms (the ad-hoc timings
+  behind ``python benchmarks/collect.py``'s storing overhead). A large file's making is dominated
+  by pre-faulting its pages, one call without the GIL, so it stays in the background;
+* ``next()`` hands out segments in chain order, waiting for the background one only if it is not
+  ready yet; ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans
+  segments fails on a full disk *before* any of it is written;
+* ``retire(seg)`` closes a sealed segment: its mapping is dropped on the writer's thread, then for
+  ``segment`` durability the file is made durable in a background thread (a few system calls;
+  ``wait()`` collects those syncs and raises their errors), at once otherwise; the writer's
+  thread then catalogues it as sealed (at its next ``prefetch()`` or ``wait()``, a batch in one
+  catalog line), its file identity recorded as checked (``checks.py``).
 
 Every segment of a session is written by that session only; the chain index
 and first sequence number in its header let readers follow a lane from segment to segment.
@@ -42,6 +50,9 @@ if TYPE_CHECKING:
 class SegmentSupply:
     """Segments for one writer session (used under the writer's mutex)."""
 
+    INLINE_BYTES = 8 << 20
+    """Segment files up to this size are made on the writer's thread (see the module docstring)."""
+
     def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epoch: int, durability: str) -> None:
         self.store = store
         self.writer_id = writer_id
@@ -55,6 +66,7 @@ class SegmentSupply:
         self._allocator: ThreadPoolExecutor | None = None
         self._syncer: ThreadPoolExecutor | None = None
         self._syncs: list[Future[None]] = []
+        self._closed: list[Segment] = []  # closed durably in the background, not catalogued yet
 
     # -- making ---------------------------------------------------------------------------
     def _make(self, chain_index: int) -> Segment:
@@ -105,9 +117,18 @@ class SegmentSupply:
             evict_now(self.store)
         except (StoreFullError, OSError):
             pass
-        if self._allocator is None:
-            self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
-        self._pending = self._allocator.submit(self._make, self._next_chain)
+        self._catalogue_closed()
+        if self.store.layout.file_size <= self.INLINE_BYTES:
+            pending: Future[Segment] = Future()  # made here; its errors are raised as a background one's
+            try:
+                pending.set_result(self._make(self._next_chain))
+            except Exception as exc:
+                pending.set_exception(exc)
+            self._pending = pending
+        else:
+            if self._allocator is None:
+                self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
+            self._pending = self._allocator.submit(self._make, self._next_chain)
         self._next_chain += 1  # given back by _collect if that segment cannot be made
 
     def ensure(self, count: int) -> None:
@@ -134,35 +155,52 @@ class SegmentSupply:
             seg.close(fdatasync=True)
             self._catalogue(seg)
         else:
+            seg.unmap()  # here: the background thread then makes only the few calls of the sync
             if self._syncer is None:
                 self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
             try:
                 self._syncs.append(self._syncer.submit(self._close_durable, seg))
             except RuntimeError:  # interpreter shutdown (a writer closed at exit): no new threads
-                self._close_durable(seg)
+                seg.close_durable(seg.control.committed)
+                self._catalogue(seg)
 
     def _close_durable(self, seg: Segment) -> None:
         seg.close_durable(seg.control.committed)
-        self._catalogue(seg)
+        self._closed.append(seg)  # catalogued by the writer's thread (list.append: no system call)
 
-    def _catalogue(self, seg: Segment) -> None:
-        """Catalogue the closed segment as sealed (from then on its file missing is a loss), with
-        its file identity as checked (this session checksummed every row it wrote; ``checks.py``),
-        after the last write to the file: one catalog line, off the append path."""
-        name = seg.path.name
+    def _catalogue_closed(self) -> None:
+        done, self._closed = self._closed, []
+        if done:
+            self._catalogue(*done)
+
+    def _catalogue(self, *segs: Segment) -> None:
+        """Catalogue closed segments as sealed (from then on a file missing is a loss), with their
+        file identities as checked (this session checksummed every row it wrote; ``checks.py``),
+        after the last write to each file: one catalog line."""
+        rows, idents = {}, {}
+        for seg in segs:
+            try:
+                idents[seg.path.name] = identity(os.stat(seg.path))
+                rows[seg.path.name] = seg.control.committed
+            except OSError:  # evicted already: nothing to catalogue
+                pass
         try:
-            ident = identity(os.stat(seg.path))
-            self.store.catalog_sealed({name: seg.control.committed}, {name: ident})
-        except OSError:  # evicted already, or the catalog cannot be written: readers check it
+            if rows:
+                self.store.catalog_sealed(rows, idents)
+        except OSError:  # the catalog cannot be written: readers check these segments themselves
             pass
 
     def wait(self) -> None:
-        """Wait for background syncs; re-raise the first error one of them hit."""
+        """Wait for background syncs and catalogue what they closed; re-raise the first error one
+        of them hit."""
         syncs, self._syncs = self._syncs, []
-        for f in syncs:
-            exc = f.exception()
-            if exc is not None:
-                raise exc
+        try:
+            for f in syncs:
+                exc = f.exception()
+                if exc is not None:
+                    raise exc
+        finally:
+            self._catalogue_closed()
 
     @staticmethod
     def discard(seg: Segment) -> None:

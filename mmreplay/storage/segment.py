@@ -248,11 +248,12 @@ class Segment:
 
     def close_durable(self, n: int) -> None:
         """Close a sealed segment so that its ``n`` rows survive a power loss, then record them
-        as synced. The mapping is dropped *before* ``fdatasync``: writing back pages that are
-        still mapped makes the kernel write-protect them one by one (TLB shootdowns that stall
-        the appending thread); unmapped, the page cache is simply written out."""
+        as synced. The mapping is dropped *before* ``fdatasync`` (here, or earlier by
+        :meth:`unmap` on the writer's thread): writing back pages that are still mapped makes the
+        kernel write-protect them one by one (TLB shootdowns that stall the appending thread);
+        unmapped, the page cache is simply written out."""
         fd = self._fd
-        self._unmap()
+        self.unmap()
         os.fdatasync(fd)
         if not self.dir_synced:
             fsync_dir(self.path.parent)
@@ -262,7 +263,10 @@ class Segment:
         os.close(fd)
         self._fd = -1
 
-    def _unmap(self) -> None:
+    def unmap(self) -> None:
+        """Drop the mapping and its views (the file stays open for ``close_durable``); idempotent."""
+        if self.mm.closed:
+            return
         self.columns.clear()
         del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records, self.record_words
         self.float_runs.clear()
@@ -273,15 +277,11 @@ class Segment:
     def close(self, *, fdatasync: bool = False) -> None:
         if self._fd < 0:
             return
-        self.columns.clear()
-        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records, self.record_words
-        self.float_runs.clear()
-        self.float_checks.clear()
-        self.view.release()
-        if fdatasync:
+        if fdatasync and not self.mm.closed:
             msync(self.mm, 0, self.layout.file_size)
+        self.unmap()
+        if fdatasync:
             os.fdatasync(self._fd)
-        self.mm.close()
         os.close(self._fd)
         self._fd = -1
 

@@ -399,6 +399,28 @@ def test_next_segment_is_ordered_at_half_of_the_first_then_at_each_roll(tmp_path
     s.close()
 
 
+def test_small_segments_are_made_on_the_writers_thread_and_catalogued_by_it(tmp_path, schema):
+    """A small segment file is made where the writer takes its previous one (no allocator thread,
+    whose system calls would each take the GIL back from the appending thread), and a segment
+    closed durably in the background is catalogued by the writer's next take, or by its close."""
+    import threading
+
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=64)
+    w = s.writer(lanes=1)
+    for t in range(64 * 3 + 1):  # three full segments; the fourth is taken, the fifth made
+        w.add(**step(1, t))
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(f"mmreplay-alloc-w{w.writer_id}")]
+    w.flush()  # waits for the background syncs: what they closed is catalogued, as checked
+    names = {f"{i:013d}-w{w.writer_id:03d}.seg" for i in range(3)}
+    state = s.catalog.read()
+    assert set(state.live) == names and set(state.checks) == names
+    for t in range(64 * 3 + 1, 64 * 4 + 10):
+        w.add(**step(1, t))
+    w.close()
+    assert len(s.catalog.read().live) == 5  # the last, partial segment is sealed and catalogued by close
+    s.close()
+
+
 def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(tmp_path, schema, monkeypatch):
     """Sealed segments never change, so eviction remembers their row counts; segments another
     handle evicted drop out of that memory, and the capacity bound holds throughout."""
