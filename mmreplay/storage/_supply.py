@@ -9,15 +9,15 @@ Neither may stall the append path, and neither may take the GIL back and forth w
   full, and each later one as soon as it takes the previous (a whole segment's time to make it),
   so a writer holds at most one spare segment of disk beyond the one it writes, and a short
   session makes no spare at all;
-* ``prefetch()`` makes the session's next segment: a small file (``INLINE_BYTES``) at once on the
-  writer's thread, a larger one in a background thread. Why: a Python thread takes the GIL back
-  after each of its system calls (a segment's making is ~40 of them), and each time it does the
-  appending thread is stopped for a thread switch; on a 2-core VM that cost the appending thread
-  ~30 ms per segment, while making a 1 MiB segment on the spot costs ~2.5 ms (the ad-hoc timings
-  behind ``python benchmarks/collect.py``'s storing overhead). A large file's making is dominated
-  by pre-faulting its pages, one call without the GIL, so it stays in the background;
-* ``next()`` hands out segments in chain order, waiting for the background one only if it is not
-  ready yet; ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans
+* ``prefetch()`` makes the session's next segment on the writer's thread, and pre-faults its
+  pages in a background thread (one call without the GIL). Why not all of it in the background:
+  a Python thread takes the GIL back after each of its system calls (a segment's making is ~40
+  of them), and each time it does the appending thread is stopped for a thread switch; on a
+  2-core VM that cost the appending thread ~30 ms per segment, while making a segment on the
+  spot costs it ~2 ms (ad-hoc timings behind ``python benchmarks/collect.py``'s storing
+  overhead). Pre-faulting is dominated by the kernel (~7 ms for 6 MiB) and is one call;
+* ``next()`` hands out segments in chain order, waiting for a segment's pre-faulting only if it is
+  not over yet; ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans
   segments fails on a full disk *before* any of it is written;
 * ``retire(seg)`` closes a sealed segment: its mapping is dropped on the writer's thread, then for
   ``segment`` durability the file is made durable in a background thread (a few system calls;
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 class SegmentSupply:
     """Segments for one writer session (used under the writer's mutex)."""
 
-    INLINE_BYTES = 8 << 20
-    """Segment files up to this size are made on the writer's thread (see the module docstring)."""
 
     def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epoch: int, durability: str) -> None:
         self.store = store
@@ -63,13 +61,14 @@ class SegmentSupply:
         self._next_chain = 0
         self._ready: deque[Segment] = deque()
         self._pending: Future[Segment] | None = None
-        self._allocator: ThreadPoolExecutor | None = None
+        self._faulter: ThreadPoolExecutor | None = None
         self._syncer: ThreadPoolExecutor | None = None
         self._syncs: list[Future[None]] = []
         self._closed: list[Segment] = []  # closed durably in the background, not catalogued yet
+        self._faults: dict[str, Future[None]] = {}  # segments being pre-faulted in the background
 
     # -- making ---------------------------------------------------------------------------
-    def _make(self, chain_index: int) -> Segment:
+    def _make(self, chain_index: int, prefault: bool = True) -> Segment:
         store = self.store
         durable = self.durability == "batch"
         # segments ready but not written yet were made for this batch: they count as held
@@ -82,12 +81,12 @@ class SegmentSupply:
                 file_size=store.layout.file_size, created_ns=now_ns(),
             )
             try:
-                return Segment.create(store.segments_dir, header, store.layout, durable=durable)
+                return Segment.create(store.segments_dir, header, store.layout, durable=durable, prefault=prefault)
             except DiskFullError:
                 # on_full="evict": free one sealed segment whatever the capacity, then retry once
                 if store.on_full != "evict" or not store.evict_for_new_segment(force_one=True):
                     raise
-                return Segment.create(store.segments_dir, header, store.layout, durable=durable)
+                return Segment.create(store.segments_dir, header, store.layout, durable=durable, prefault=prefault)
 
     def _collect(self) -> None:
         if self._pending is not None:
@@ -118,17 +117,17 @@ class SegmentSupply:
         except (StoreFullError, OSError):
             pass
         self._catalogue_closed()
-        if self.store.layout.file_size <= self.INLINE_BYTES:
-            pending: Future[Segment] = Future()  # made here; its errors are raised as a background one's
-            try:
-                pending.set_result(self._make(self._next_chain))
-            except Exception as exc:
-                pending.set_exception(exc)
-            self._pending = pending
+        pending: Future[Segment] = Future()  # made here; its errors are raised as a background one's were
+        try:
+            seg = self._make(self._next_chain, prefault=False)
+        except Exception as exc:
+            pending.set_exception(exc)
         else:
-            if self._allocator is None:
-                self._allocator = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-alloc-w{self.writer_id}")
-            self._pending = self._allocator.submit(self._make, self._next_chain)
+            pending.set_result(seg)
+            if self._faulter is None:
+                self._faulter = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-fault-w{self.writer_id}")
+            self._faults[seg.path.name] = self._faulter.submit(seg.prefault)
+        self._pending = pending
         self._next_chain += 1  # given back by _collect if that segment cannot be made
 
     def ensure(self, count: int) -> None:
@@ -140,9 +139,16 @@ class SegmentSupply:
             self._next_chain += 1
 
     def next(self) -> Segment:
-        """The session's next segment, in chain order."""
+        """The session's next segment, in chain order (pre-faulted)."""
         self.ensure(1)
-        return self._ready.popleft()
+        return self._faulted(self._ready.popleft())
+
+    def _faulted(self, seg: Segment) -> Segment:
+        """``seg`` once its background pre-faulting is over (it usually is, long before)."""
+        f = self._faults.pop(seg.path.name, None)
+        if f is not None:
+            f.result()
+        return seg
 
     # -- retiring -------------------------------------------------------------------------
     def retire(self, seg: Segment) -> None:
@@ -220,8 +226,8 @@ class SegmentSupply:
             self.wait()
         finally:
             self.drop_spares()
-            if self._allocator is not None:
-                self._allocator.shutdown(wait=True)
+            if self._faulter is not None:
+                self._faulter.shutdown(wait=True)
 
     def drop_spares(self) -> None:
         """Delete the segments made ahead of need (the next roll then makes one on the spot)."""
@@ -230,4 +236,4 @@ class SegmentSupply:
         except Exception:  # noqa: S110 - a spare that failed to be made holds no data
             pass
         while self._ready:
-            self.discard(self._ready.popleft())
+            self.discard(self._faulted(self._ready.popleft()))

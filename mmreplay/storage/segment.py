@@ -159,7 +159,8 @@ class Segment:
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: Path, header: Header, layout: Layout, *, durable: bool = False) -> Segment:
+    def create(cls, directory: Path, header: Header, layout: Layout, *, durable: bool = False,
+               prefault: bool = True) -> Segment:
         """Create, preallocate, stamp and publish a new empty OPEN segment file.
 
         Without ``durable`` the file and directory are not fsynced here (that would queue behind
@@ -189,11 +190,15 @@ class Segment:
             fsync_dir(directory)
         seg = cls(directory / name, fd, header, layout, Control(1, 0, 0, STATE_OPEN), 0)
         seg.dir_synced = durable
-        # pre-fault the data pages writable now (one call, the GIL released): appends then take
-        # no page fault per new page. The writer makes its next segment ahead of need in a
-        # background thread, so this runs beside the append path, not on it.
-        populate_write(seg.mm, DATA_OFFSET_PAGE)
+        if prefault:
+            seg.prefault()
         return seg
+
+    def prefault(self) -> None:
+        """Pre-fault the data pages writable (one call, the GIL released): appends then take no
+        page fault per new page. A writer runs it in a background thread for the segment it makes
+        ahead of need (``_supply.py``), beside the append path, and before it writes the segment."""
+        populate_write(self.mm, DATA_OFFSET_PAGE)
 
     @classmethod
     def open_rw(cls, path: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *, writable: bool = True) -> Segment:

@@ -64,6 +64,7 @@ from ._supply import SegmentSupply
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
 from ._publisher import publisher_loop
+from ._steps import StepSpec
 from .segment import Segment
 from .locks import ADMIN
 
@@ -73,6 +74,8 @@ if TYPE_CHECKING:
     from .store import ReplayStore
 
 Durability = Literal["process", "segment", "batch"]
+_DONE, _NOT_DONE = np.ones(1, np.bool_), np.zeros(1, np.bool_)  # a single lane's last step done or not
+_DONE.flags.writeable = _NOT_DONE.flags.writeable = False
 _PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 __all__ = ["MAX_WRITERS", "Durability", "Writer"]
@@ -154,18 +157,9 @@ class Writer:
             self._publisher = threading.Thread(target=publisher_loop, args=(self,), daemon=True,
                                                name=f"mmreplay-publish-w{self.writer_id}")
             self._publisher.start()
-        # a step as it usually comes (exact dtypes, shapes) is checked without copies; fields in
-        # record order and where is_last sits among them (a single row is one structured record)
-        rec_names = list(self.layout.record_dtype.names)
-        self._is_last_pos = rec_names.index("is_last")
-        self._rec_names = [n for n in rec_names if n != "is_last"]
-        self._step_specs = [(n, self.schema[n].dtype, (self.lanes, *self.schema[n].shape)) for n in self._rec_names]
-        # float fields checked on the way in: a few floats sum faster as Python floats
-        self._float_checks = [] if nonfinite == "allow" else [
-            (f.name, f.dtype.itemsize < 8, (1 if not f.shape else 2) if f.dtype.kind == "f"
-             and self.lanes * int(np.prod(f.shape)) <= 64 else 0)
-            for f in self.schema.fields if f.dtype.kind in "fc"]
-        self._nfields = len(self.schema.names)
+        # a step as it usually comes (exact dtypes, shapes, finite floats) is checked without copies
+        self._steps = StepSpec(self.schema, self.layout, self.lanes, nonfinite)
+        self._row_specs = self._steps.row_specs if self._has_done else None  # single-lane rows: _add_row
         self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
         try:  # the first segment is made now, not on the append path; the next one in the background
@@ -187,7 +181,9 @@ class Writer:
         arrays ``envs.step`` returned, with the previous observation. Raises ``SchemaError``
         or ``InvalidValueError`` before writing anything if a field is wrong.
         """
-        self._append(fields if batch is None else ({**batch, **fields} if fields else batch), True)
+        data = fields if batch is None else ({**batch, **fields} if fields else batch)
+        if self._row_specs is None or not self._add_row(data):
+            self._append(data, True)
 
     def add_batch(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
         """Append ``T`` vector-env steps at once: every field has leading shape ``(T, lanes)``."""
@@ -295,24 +291,35 @@ class Writer:
         if self._failed is not None:
             raise WriterFailedError(f"writer {self.writer_id} failed earlier: {self._failed!r}")
 
-    def _exact(self, data: Mapping[str, Any], floats: bool) -> Mapping[str, Any] | None:
-        """``data`` if it is one step exactly as stored (every field, exact dtypes and shapes, and
-        with ``floats`` finite floats), else ``None``: the schema's full validation then handles
-        or explains it. Without ``floats`` the caller checks the copied rows' float runs."""
-        if len(data) != self._nfields:
-            return None
-        for name, dtype, shape in self._step_specs:
-            x = data.get(name)
-            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
-                return None
-        for name, single, small in self._float_checks if floats else ():
-            # a non-finite value makes the sum non-finite; a finite sum that overflowed only
-            # sends the step to the exact check of the full validation
-            x = data[name]
-            if not math.isfinite(sum(x.tolist() if small == 1 else x.ravel().tolist()) if small else
-                                 float(np.add.reduce(x, axis=None, dtype=np.float64 if single else None).real)):
-                return None
-        return data
+    def _add_row(self, data: Mapping[str, Any]) -> bool:
+        """Append one single-lane step as it usually comes (every field, exact dtypes and shapes,
+        finite floats) into the open segment when no roll, publish or spare segment is due: one
+        structured record assignment. False (nothing written): the general path handles it."""
+        if (self._pid != _PID[0] or self._closed or self._failed is not None
+                or (vals := self._steps.row_values(data)) is None):
+            return False
+        with self._mutex:
+            seg, n = self._seg, self._n
+            if (seg is None or n + 1 >= self.usable or n + 1 - self._pub >= self._pub_rows
+                    or (2 * n + 2 >= self.usable or seg.header.chain_index > 0) and self._supply.idle):
+                return False  # a roll, a publish or the next segment's order: _after_write's cases
+            vals.insert(self._steps.is_last_pos, self._prev_done is _DONE or bool(self._prev_done[0]))
+            try:
+                seg.records[n] = tuple(vals)
+                self._n = n + 1
+                self._prev_done = _DONE if data["terminated"][0] or data["truncated"][0] else _NOT_DONE
+                now = time.monotonic()
+                if self._staged_at == 0.0:
+                    self._staged_at = now  # the oldest unpublished row's time
+                if now - self._staged_at >= self.publish_interval_s:
+                    self._publish()
+                elif not self._wake.is_set():
+                    self._wake.set()  # the publisher publishes these rows if no add comes within the interval
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            self.store._dirty = True
+        return True
 
     def _append(self, data: Mapping[str, Any], step: bool) -> None:
         """The one append path: validate everything (nothing is written if a field is wrong),
@@ -322,8 +329,8 @@ class Writer:
         L = self.lanes
         # a step that fits the open segment is copied first and its float runs checked in place
         # (one reduction per run; unpublished and zeroed if one fails); others are checked first
-        post = step and L > 1 and bool(self._float_checks) and self._seg is not None and self._n + L <= self.usable
-        arrays = self._exact(data, not post) if step else None
+        post = step and L > 1 and bool(self._steps.float_checks) and self._seg is not None and self._n + L <= self.usable
+        arrays = self._steps.exact(data, not post) if step else None
         if post and arrays is not None:
             with self._mutex:
                 try:
@@ -394,8 +401,8 @@ class Writer:
                 seg = self._seg
                 k = rows - pos if rows - pos <= self.usable - n else self.usable - n
                 if rows == 1:  # one structured assignment: a single row costs about a list append
-                    vals = [flat[name][0] for name in self._rec_names]
-                    vals.insert(self._is_last_pos, is_last[0])
+                    vals = [flat[name][0] for name in self._steps.rec_names]
+                    vals.insert(self._steps.is_last_pos, is_last[0])
                     seg.records[n] = tuple(vals)
                 else:
                     cols = seg.columns

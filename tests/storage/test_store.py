@@ -399,17 +399,24 @@ def test_next_segment_is_ordered_at_half_of_the_first_then_at_each_roll(tmp_path
     s.close()
 
 
-def test_small_segments_are_made_on_the_writers_thread_and_catalogued_by_it(tmp_path, schema):
-    """A small segment file is made where the writer takes its previous one (no allocator thread,
-    whose system calls would each take the GIL back from the appending thread), and a segment
-    closed durably in the background is catalogued by the writer's next take, or by its close."""
+def test_segments_are_made_on_the_writers_thread_and_catalogued_by_it(tmp_path, schema, monkeypatch):
+    """A writer makes its next segment file where it takes the previous one (only the pre-faulting
+    of its pages runs in a background thread: a thread's every system call takes the GIL back from
+    the appending thread), and a segment closed durably in the background is catalogued by the
+    writer's next take, or by its flush or close."""
     import threading
 
+    from mmreplay.storage.segment import Segment
+
+    makers = []
+    real = Segment.create.__func__
+    monkeypatch.setattr(Segment, "create", classmethod(
+        lambda cls, *a, **k: makers.append(threading.current_thread()) or real(cls, *a, **k)))
     s = mmreplay.create_store(tmp_path / "s", schema, segment_records=64)
     w = s.writer(lanes=1)
     for t in range(64 * 3 + 1):  # three full segments; the fourth is taken, the fifth made
         w.add(**step(1, t))
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(f"mmreplay-alloc-w{w.writer_id}")]
+    assert len(makers) == 5 and set(makers) == {threading.current_thread()}
     w.flush()  # waits for the background syncs: what they closed is catalogued, as checked
     names = {f"{i:013d}-w{w.writer_id:03d}.seg" for i in range(3)}
     state = s.catalog.read()
