@@ -31,10 +31,11 @@ and first sequence number in its header let readers follow a lane from segment t
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .format import Header
 from .checks import identity
@@ -45,6 +46,8 @@ from .claims import allocating, evict_now
 
 if TYPE_CHECKING:
     from .store import ReplayStore
+
+log = logging.getLogger(__name__)
 
 
 class SegmentSupply:
@@ -72,7 +75,7 @@ class SegmentSupply:
         store = self.store
         durable = self.durability == "batch"
         # segments ready but not written yet were made for this batch: they count as held
-        with allocating(store, pending_rows=len(self._ready) * self.usable, durable=durable) as sid:
+        with allocating(store, pending_rows=len(self._ready) * self.usable, durable=durable, defer=True) as sid:
             header = Header(
                 store_uuid=store.store_uuid, segment_id=sid,
                 writer_id=self.writer_id, lanes=self.lanes, session_epoch=self.epoch, chain_index=chain_index,
@@ -113,7 +116,7 @@ class SegmentSupply:
         # rows were written and published: a full store (on_full="error") or a full disk is
         # reported by the allocator's own pass instead, through ``ensure`` before the next write
         try:
-            evict_now(self.store)
+            evict_now(self.store, defer=True)
         except (StoreFullError, OSError):
             pass
         self._catalogue_closed()
@@ -128,6 +131,8 @@ class SegmentSupply:
                 self._faulter = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-fault-w{self.writer_id}")
             self._faults[seg.path.name] = self._faulter.submit(seg.prefault)
         self._pending = pending
+        if len(self.store.doomed):  # what the evictions above renamed away: unlinked in the background
+            self._background(self._reap)
         self._next_chain += 1  # given back by _collect if that segment cannot be made
 
     def ensure(self, count: int) -> None:
@@ -153,6 +158,9 @@ class SegmentSupply:
     # -- retiring -------------------------------------------------------------------------
     def retire(self, seg: Segment) -> None:
         """Close a sealed segment, durably unless ``durability="process"``, then catalogue it."""
+        reader = self.store.reader
+        if reader is not None and reader.checker is not None:
+            reader.checker.written_here(seg.path.name)  # this handle's samplers need not check it
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
         if self.durability == "process":
             seg.close()
@@ -162,13 +170,21 @@ class SegmentSupply:
             self._catalogue(seg)
         else:
             seg.unmap()  # here: the background thread then makes only the few calls of the sync
-            if self._syncer is None:
-                self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
-            try:
-                self._syncs.append(self._syncer.submit(self._close_durable, seg))
-            except RuntimeError:  # interpreter shutdown (a writer closed at exit): no new threads
-                seg.close_durable(seg.control.committed)
-                self._catalogue(seg)
+            self._background(self._close_durable, seg)
+
+    def _background(self, job: Any, *args: Any) -> None:
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
+        try:
+            self._syncs.append(self._syncer.submit(job, *args))
+        except RuntimeError:  # interpreter shutdown (a writer closed at exit): no new threads
+            job(*args)
+
+    def _reap(self) -> None:
+        try:
+            self.store.doomed.reap()
+        except OSError as exc:  # the .deleted files stay; recovery removes them at the next open
+            log.warning("%s: could not remove evicted segment files: %s", self.store.path, exc)
 
     def _close_durable(self, seg: Segment) -> None:
         seg.close_durable(seg.control.committed)
@@ -224,6 +240,7 @@ class SegmentSupply:
             if self._syncer is not None:
                 self._syncer.shutdown(wait=True)
             self.wait()
+            self.store.doomed.reap()
         finally:
             self.drop_spares()
             if self._faulter is not None:

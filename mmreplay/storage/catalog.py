@@ -169,6 +169,17 @@ class Catalog:
         finally:
             os.close(fd)
 
+    def sync(self) -> None:
+        """fsync the log: every line written so far survives a power loss."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def sealed(self, name: str, rows: int, identity: tuple[int, ...] | None = None) -> None:
         """Record that segment ``name`` was sealed with ``rows`` committed rows (once per handle);
         ``identity``: its file's, from the writer that checksummed every row (see above)."""
@@ -202,14 +213,15 @@ class Catalog:
         self._append({"e": "masked" if masked else "checked", "seg": name, "id": list(identity),
                       "bad": [list(r) for r in bad]}, sync=masked)  # a lost check is only done again
 
-    def departed(self, name: str | list[str], event: str, why: str | None = None) -> None:
+    def departed(self, name: str | list[str], event: str, why: str | None = None, *, sync: bool = True) -> None:
         """Record, before the files go, that segment ``name`` (or each of a list, with one write
         and one fsync) leaves: ``evicted`` (``why``: ``capacity`` or ``disk``), ``quarantined``
-        or ``removed``."""
+        or ``removed``. ``sync=False``: the caller calls ``sync()`` before any of the files is
+        unlinked (eviction renames them ``.deleted`` first)."""
         assert event in DEPARTURES
         names = [name] if isinstance(name, str) else list(name)
         events = [{"e": event, "seg": n, **({"why": why} if why else {})} for n in names]
-        self._append(events[0], b"".join(_line(e) for e in events[1:]))
+        self._append(events[0], b"".join(_line(e) for e in events[1:]), sync=sync)
         if _failpoint.ACTIVE and event == "evicted":
             _failpoint.hit("catalog_after_departure")
         if self._known is not None:

@@ -199,9 +199,20 @@ class Checker:
         self._closed = False
         self.checked = 0
         """Segments this handle checked by reading them."""
+        self.written: set[str] = set()
+        """Segments a writer of this handle sealed (``written_here``)."""
+
+    def written_here(self, name: str) -> None:
+        """Segment ``name`` was sealed by a writer of this store handle, which checksummed every
+        row as it wrote it: this handle serves it without reading it again, also before the
+        writer's durable close has catalogued it as checked (a trainer's first sample after its
+        learning-starts steps would otherwise check the last few segments)."""
+        self.written.add(name)
 
     def known(self, name: str, ident: tuple[int, ...]) -> np.ndarray | None:
         """Damaged slots of segment ``name`` if a check of this very file is remembered, else None."""
+        if name in self.written:
+            return from_ranges(())
         if name not in self._records:
             try:
                 st = os.stat(self.catalog.path)

@@ -50,23 +50,25 @@ def claim_writer_id(store: ReplayStore, writer_id: int | None = None, role: str 
 
 
 @contextmanager
-def allocating(store: ReplayStore, *, pending_rows: int = 0, durable: bool = False) -> Iterator[int]:
+def allocating(store: ReplayStore, *, pending_rows: int = 0, durable: bool = False,
+               defer: bool = False) -> Iterator[int]:
     """Under ``alloc.lock``: evict what capacity requires, then yield a new segment id.
 
     ``pending_rows``: rows of segments already made for the same batch and not written yet
-    (counted as held). ``durable``: fsync the id counter. The lock is held until the block
+    (counted as held). ``durable``: fsync the id counter. ``defer``: evicted files are unlinked
+    by the caller's ``store.doomed.reap()`` (``eviction.py``). The lock is held until the block
     ends, so the caller makes its segment file before another allocation's eviction counts.
     """
     alloc = store.lock(ALLOC)
     alloc.acquire(exclusive=True, blocking=True)
     try:
-        store.evict_for_new_segment(pending_rows=pending_rows)
+        store.evict_for_new_segment(pending_rows=pending_rows, defer=defer)
         yield store.allocate_segment_id(durable=durable)
     finally:
         alloc.release()
 
 
-def evict_now(store: ReplayStore, *, pending_rows: int = 0) -> None:
+def evict_now(store: ReplayStore, *, pending_rows: int = 0, defer: bool = False) -> None:
     """Under ``alloc.lock``, evict what capacity requires, on the caller's thread.
 
     A writer calls this when it takes a new segment, before it orders the next one from its
@@ -77,6 +79,6 @@ def evict_now(store: ReplayStore, *, pending_rows: int = 0) -> None:
     alloc = store.lock(ALLOC)
     alloc.acquire(exclusive=True, blocking=True)
     try:
-        store.evict_for_new_segment(pending_rows=pending_rows)
+        store.evict_for_new_segment(pending_rows=pending_rows, defer=defer)
     finally:
         alloc.release()

@@ -197,7 +197,15 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
     alloc = store.lock(ALLOC)
     alloc.acquire(exclusive=True, blocking=True)
     try:
-        for name in os.listdir(store.segments_dir):
+        names = os.listdir(store.segments_dir)
+        # an eviction renames a file .deleted after its departure line; a power loss may have lost
+        # that line (it is fsynced before the unlink): then it is written here, before the unlink
+        live = set(store.catalog.read().live) if any(n.endswith(".deleted") for n in names) else set()
+        undeparted = [n.removesuffix(".deleted") for n in names if n.removesuffix(".deleted") in live
+                      and n.endswith(".deleted")]
+        if undeparted:
+            store.catalog.departed(undeparted, "evicted", "capacity")
+        for name in names:
             if name.endswith((".tmp", ".deleted")):
                 (store.segments_dir / name).unlink(missing_ok=True)
                 report.cleaned.append(name)

@@ -33,7 +33,7 @@ import numpy as np
 from ..core.version import __version__
 from .format import STATE_SEALED, Layout
 from ..core.fs import atomic_write, fsync_dir, writable_error
-from .locks import FileLock
+from .eviction import Doomed
 from ..core.errors import (
     CorruptStoreError,
     ReadOnlyStoreError,
@@ -57,7 +57,7 @@ from ..core.schema import Schema
 from .segment import parse_segment_name, segment_state
 from .catalog import Catalog, CatalogState, short_list
 from .checks import Checker
-from .locks import ALLOC, LOCK_NAMES
+from .locks import ALLOC, LOCK_NAMES, FileLock
 
 if TYPE_CHECKING:
     from .writer import Durability, Writer
@@ -187,6 +187,7 @@ class ReplayStore:
         self.segments_dir = path / "segments"
         self.locks_dir = path / "locks"
         self.catalog = Catalog(path)  # recovery below records what it removes
+        self.doomed = Doomed(self.catalog)  # evicted files not unlinked yet (eviction.py)
         self._pid = os.getpid()
         self._writers: list[Writer] = []
         if mode == "a":
@@ -284,12 +285,13 @@ class ReplayStore:
         write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
         return value
 
-    def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0) -> list[int]:
+    def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0, defer: bool = False) -> list[int]:
         """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held);
         see :func:`mmreplay.storage.eviction.evict_for_new_segment`."""
         from .eviction import evict_for_new_segment
 
-        return evict_for_new_segment(self, self._sealed_rows, force_one=force_one, pending_rows=pending_rows)
+        return evict_for_new_segment(self, self._sealed_rows, force_one=force_one, pending_rows=pending_rows,
+                                     defer=defer)
 
     def _check_catalog(self) -> None:
         """Catalogue sealed segments not in the catalog yet (writable handles), and warn once
