@@ -1,17 +1,40 @@
 """A plain CleanRL-style single-file DQN, for the wall-time comparison with ``mmreplay train``.
 
     python benchmarks/cleanrl_dqn.py --seed 1 --total-timesteps 100000 [--out result.json]
+    python benchmarks/cleanrl_dqn.py --preset cleanrl --seed 1 [--buffer numpy|sb3] [--out result.json]
 
 It follows cleanrl/dqn.py (an ``Args`` dataclass, ``make_env``, ``QNetwork``, ``linear_schedule``
-and one loop; replay in stable-baselines3's ``ReplayBuffer``, as CleanRL does) with the same
-algorithm and hyperparameters as ``mmreplay train``'s defaults, the RL-zoo DQN settings for
-CartPole: lr 2.3e-3, batch 64, train every 256 env steps with 128 gradient steps, target copied
-every 128 updates (= SB3's ``target_update_interval=10`` env steps: once per training round),
-ε from 1 to 0.04 over 16% of the run, 1000 learning-starts steps, [256, 256] MLP, double-DQN
-targets, Huber loss, gradient norm clipped at 10, one torch thread. Evaluation (20 greedy
-episodes every 10k env steps, seeds ``seed + 100000 + i``) is timed apart from training, as in
-``mmreplay train``. The vector env uses same-step autoreset (the final observation comes in
-``infos["final_obs"]``), so every env step is a transition, as in CleanRL.
+and one loop), one env, one torch thread, on the CPU. Two presets (any flag given overrides its
+preset's value):
+
+* ``--preset zoo`` (the default): the algorithm and hyperparameters of ``mmreplay train``'s
+  defaults, the RL-zoo DQN settings for CartPole: lr 2.3e-3, batch 64, train every 256 env steps
+  with 128 gradient steps, target copied every 128 updates (= SB3's ``target_update_interval=10``
+  env steps: once per training round), ε from 1 to 0.04 over 16% of the run, 1000
+  learning-starts steps, buffer 100,000, [256, 256] MLP, double-DQN targets, Huber loss, gradient
+  norm clipped at 10, 100k env steps; replay in stable-baselines3's ``ReplayBuffer``
+  (``--buffer sb3``), as CleanRL does.
+* ``--preset cleanrl``: the defaults of CleanRL's ``cleanrl/dqn.py`` (its argument defaults:
+  learning_rate 2.5e-4, buffer_size 10,000, gamma 0.99, tau 1.0, target_network_frequency 500,
+  batch_size 128, start_e 1, end_e 0.05, exploration_fraction 0.5, learning_starts 10,000,
+  train_frequency 10; its ``QNetwork``: Linear 120, ReLU, Linear 84, ReLU; ``F.mse_loss`` on
+  ``target_network(next_obs).max(dim=1)``, no gradient clipping), but 150k env steps (CleanRL's own
+  default is 500k) and evaluation as in the zoo preset. One gradient step per training round, the
+  target copied every 50 updates (= CleanRL's 500 env steps at one update per 10 env steps). Replay
+  in a plain numpy ring buffer (``--buffer numpy``, :class:`NumpyReplayBuffer`: preallocated
+  arrays, an index, uniform ``np.random.randint`` draws, as SB3's buffer draws).
+
+Both buffers get the same transitions: the vector env uses same-step autoreset (the final
+observation of an episode comes in ``infos["final_obs"]`` and is stored as that step's next
+observation, like CleanRL's ``real_next_obs``), so every env step is a transition.
+
+Timing: the clock starts once the env, networks, optimizer and buffer are made (imports and
+set-up excluded) and stops after the last env step. Evaluation (``--eval-episodes`` greedy
+episodes every ``--eval-every`` env steps and at the end, seeds ``seed + 100000 + i``, as in
+``mmreplay train``) is timed apart: ``wall_s`` and ``steps_per_s`` are the training loop without
+it, ``total_wall_s`` the loop with it. The last line of stdout (and ``--out``) is a JSON object
+with these, ``cpu_s`` (same spans), ``final_return`` (mean greedy return of the last evaluation)
+and every evaluation.
 """
 
 from __future__ import annotations
@@ -21,6 +44,7 @@ import dataclasses
 import json
 import random
 import time
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +55,10 @@ import torch.nn.functional as F
 
 @dataclasses.dataclass
 class Args:
+    preset: str = "zoo"
+    """zoo (mmreplay train's defaults, the RL-zoo settings) or cleanrl (cleanrl/dqn.py's defaults)"""
+    buffer: str | None = None
+    """sb3 (stable-baselines3's ReplayBuffer) or numpy (NumpyReplayBuffer); [zoo: sb3, cleanrl: numpy]"""
     seed: int = 1
     env_id: str = "CartPole-v1"
     total_timesteps: int = 100_000
@@ -47,12 +75,30 @@ class Args:
     learning_starts: int = 1000
     train_frequency: int = 256
     gradient_steps: int = 128
+    hidden: str = "256,256"
+    """MLP layer widths"""
+    loss: str = "huber"
+    """huber or mse"""
+    double: bool = True
+    """double-DQN targets (else max over the target network)"""
     max_grad_norm: float = 10.0
+    """gradient clipping by global norm, 0: off"""
     eval_every: int = 10_000
+    """env steps between evaluations, 0: at the end only"""
     eval_episodes: int = 20
     threads: int = 1
     fused_adam: bool = False
     out: str | None = None
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "zoo": {"buffer": "sb3"},
+    "cleanrl": dict(buffer="numpy", total_timesteps=150_000, learning_rate=2.5e-4, buffer_size=10_000, gamma=0.99,
+                    tau=1.0, target_network_frequency=50, batch_size=128, start_e=1.0, end_e=0.05,
+                    exploration_fraction=0.5, learning_starts=10_000, train_frequency=10, gradient_steps=1,
+                    hidden="120,84", loss="mse", double=False, max_grad_norm=0.0),
+}
+CHOICES = {"preset": list(PRESETS), "buffer": ["sb3", "numpy"], "loss": ["huber", "mse"]}
 
 
 def make_env(env_id: str):
@@ -63,16 +109,76 @@ def make_env(env_id: str):
 
 
 class QNetwork(nn.Module):
-    def __init__(self, obs_dim: int, n_actions: int):
+    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...]):
         super().__init__()
-        self.network = nn.Sequential(
-            nn.Linear(obs_dim, 256), nn.ReLU(),
-            nn.Linear(256, 256), nn.ReLU(),
-            nn.Linear(256, n_actions),
-        )
+        layers: list[nn.Module] = []
+        for width in hidden:
+            layers += [nn.Linear(obs_dim, width), nn.ReLU()]
+            obs_dim = width
+        self.network = nn.Sequential(*layers, nn.Linear(obs_dim, n_actions))
 
     def forward(self, x):
         return self.network(x)
+
+
+class Batch(NamedTuple):
+    observations: torch.Tensor
+    actions: torch.Tensor
+    next_observations: torch.Tensor
+    dones: torch.Tensor
+    rewards: torch.Tensor
+
+
+class NumpyReplayBuffer:
+    """A plain ring buffer: preallocated arrays of ``capacity`` rows, one row per transition, the
+    oldest overwritten when full; ``sample`` draws indices uniformly with ``np.random`` (with
+    replacement, as SB3's ``ReplayBuffer``) and returns tensors that share the gathered arrays."""
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: Any):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        self.actions = np.zeros((capacity, 1), np.int64)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.dones = np.zeros(capacity, np.float32)
+        self.pos = 0
+        self.full = False
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+            dones: np.ndarray) -> None:
+        """One vector-env step: row i of each argument is env i's transition."""
+        for i in range(len(obs)):
+            p = self.pos
+            self.obs[p] = obs[i]
+            self.next_obs[p] = next_obs[i]
+            self.actions[p, 0] = actions[i]
+            self.rewards[p] = rewards[i]
+            self.dones[p] = dones[i]
+            self.pos = p + 1
+            if self.pos == self.capacity:
+                self.pos, self.full = 0, True
+
+    def sample(self, batch_size: int) -> Batch:
+        idx = np.random.randint(0, self.capacity if self.full else self.pos, size=batch_size)
+        return Batch(torch.from_numpy(self.obs[idx]), torch.from_numpy(self.actions[idx]),
+                     torch.from_numpy(self.next_obs[idx]), torch.from_numpy(self.dones[idx]),
+                     torch.from_numpy(self.rewards[idx]))
+
+
+class SB3Buffer:
+    """stable-baselines3's ``ReplayBuffer`` behind the same ``add``/``sample`` calls."""
+
+    def __init__(self, capacity: int, envs: Any, device: torch.device):
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        self.rb = ReplayBuffer(capacity, envs.single_observation_space, envs.single_action_space, device,
+                               handle_timeout_termination=False)
+
+    def add(self, obs, next_obs, actions, rewards, dones) -> None:
+        self.rb.add(obs, next_obs, actions, rewards, dones, [{}])
+
+    def sample(self, batch_size: int) -> Any:
+        return self.rb.sample(batch_size)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
@@ -95,17 +201,25 @@ def evaluate(q_network: nn.Module, env_id: str, episodes: int, seed: int) -> np.
     return returns
 
 
-def main() -> None:
+def parse_args() -> Args:
+    """Flags for every ``Args`` field; a flag not given takes its preset's value, else the default."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            ap.add_argument(flag, action="store_true")
+        kind = str(f.type).split(" ")[0]
+        if kind == "bool":
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:
-            ap.add_argument(flag, type={"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], str),
-                            default=f.default)
-    args = Args(**vars(ap.parse_args()))
-    from stable_baselines3.common.buffers import ReplayBuffer
+            ap.add_argument(flag, type={"int": int, "float": float}.get(kind, str), default=None,
+                            choices=CHOICES.get(f.name))
+    given = {k: v for k, v in vars(ap.parse_args()).items() if v is not None}
+    values = {**PRESETS[given.get("preset", Args.preset)], **given}
+    return Args(**values)
+
+
+def main() -> None:
+    args = parse_args()
+    hidden = tuple(int(w) for w in args.hidden.split(","))
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -116,18 +230,30 @@ def main() -> None:
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     n_actions = int(envs.single_action_space.n)
-    q_network = QNetwork(obs_dim, n_actions).to(device)
+    q_network = QNetwork(obs_dim, n_actions, hidden).to(device)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=args.fused_adam or None)
-    target_network = QNetwork(obs_dim, n_actions).to(device)
+    target_network = QNetwork(obs_dim, n_actions, hidden).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device,
-                      handle_timeout_termination=False)
+    if args.buffer == "numpy":
+        rb: Any = NumpyReplayBuffer(args.buffer_size, envs.single_observation_space.shape,
+                                    envs.single_observation_space.dtype)
+    else:
+        rb = SB3Buffer(args.buffer_size, envs, device)
 
     start_time, start_cpu = time.perf_counter(), time.process_time()
     eval_time = eval_cpu = 0.0
     evals: list[tuple[int, float, float]] = []
+
+    def run_eval(step: int) -> None:
+        nonlocal eval_time, eval_cpu
+        t0, c0 = time.perf_counter(), time.process_time()
+        rets = evaluate(q_network, args.env_id, args.eval_episodes, args.seed + 100_000 + len(evals))
+        eval_time += time.perf_counter() - t0
+        eval_cpu += time.process_time() - c0
+        evals.append((step, float(rets.mean()), float(rets.std())))
+        print(f"global_step={step}, eval return {rets.mean():.1f} ± {rets.std():.1f}", flush=True)
+
     updates = 0
-    episode_return = 0.0
     obs, _ = envs.reset(seed=args.seed)
     envs.single_action_space.seed(args.seed)
     for global_step in range(1, args.total_timesteps + 1):
@@ -142,9 +268,6 @@ def main() -> None:
             actions = torch.argmax(q_values, dim=1).cpu().numpy()
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        episode_return += float(rewards[0])
-        if terminations[0] or truncations[0]:
-            episode_return = 0.0
 
         # the final observation of an episode that just ended comes in infos (same-step autoreset)
         real_next_obs = next_obs.copy()
@@ -152,7 +275,7 @@ def main() -> None:
             for idx, ended in enumerate(infos["_final_obs"]):
                 if ended:
                     real_next_obs[idx] = infos["final_obs"][idx]
-        rb.add(obs, real_next_obs, actions, rewards, terminations, [{}])
+        rb.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
 
         # ALGO LOGIC: training.
@@ -160,33 +283,44 @@ def main() -> None:
             for _ in range(args.gradient_steps):
                 data = rb.sample(args.batch_size)
                 with torch.no_grad():
-                    best = q_network(data.next_observations).argmax(dim=1, keepdim=True)
-                    target_max = target_network(data.next_observations).gather(1, best).squeeze(1)
+                    if args.double:
+                        best = q_network(data.next_observations).argmax(dim=1, keepdim=True)
+                        target_max = target_network(data.next_observations).gather(1, best).squeeze(1)
+                    else:
+                        target_max = target_network(data.next_observations).max(dim=1).values
                     td_target = data.rewards.flatten() + args.gamma * target_max * (1 - data.dones.flatten())
                 old_val = q_network(data.observations).gather(1, data.actions).squeeze(1)
-                loss = F.smooth_l1_loss(old_val, td_target)
+                if args.loss == "mse":
+                    loss = F.mse_loss(old_val, td_target)
+                else:
+                    loss = F.smooth_l1_loss(old_val, td_target)
                 optimizer.zero_grad()
                 loss.backward()
-                nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+                if args.max_grad_norm > 0:
+                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
                 optimizer.step()
                 updates += 1
                 if updates % args.target_network_frequency == 0:
                     for target_param, param in zip(target_network.parameters(), q_network.parameters()):
                         target_param.data.copy_(args.tau * param.data + (1.0 - args.tau) * target_param.data)
 
-        if args.eval_every and global_step % args.eval_every == 0:
-            t0, c0 = time.perf_counter(), time.process_time()
-            rets = evaluate(q_network, args.env_id, args.eval_episodes, args.seed + 100_000 + len(evals))
-            eval_time += time.perf_counter() - t0
-            eval_cpu += time.process_time() - c0
-            evals.append((global_step, float(rets.mean()), float(rets.std())))
-            print(f"global_step={global_step}, eval return {rets.mean():.1f} ± {rets.std():.1f}", flush=True)
+        if args.eval_episodes and args.eval_every and global_step % args.eval_every == 0:
+            run_eval(global_step)
+    if args.eval_episodes and (not evals or evals[-1][0] < args.total_timesteps):
+        run_eval(args.total_timesteps)  # as mmreplay train: the end of the run is an evaluation point
 
-    wall = time.perf_counter() - start_time - eval_time
+    total_wall = time.perf_counter() - start_time
+    wall = total_wall - eval_time
     cpu = time.process_time() - start_cpu - eval_cpu
     envs.close()
-    result = {"seed": args.seed, "env_steps": args.total_timesteps, "updates": updates, "wall_s": wall, "cpu_s": cpu,
-              "steps_per_s": args.total_timesteps / wall, "evals": evals}
+    result = {"preset": args.preset, "buffer": args.buffer, "seed": args.seed, "env_steps": args.total_timesteps,
+              "updates": updates, "wall_s": wall, "cpu_s": cpu, "steps_per_s": args.total_timesteps / wall,
+              "total_wall_s": total_wall, "eval_s": eval_time,
+              "final_return": evals[-1][1] if evals else None, "evals": evals, "args": dataclasses.asdict(args)}
+    final = f"{result['final_return']:.1f}" if evals else "-"
+    print(f"env steps/s {result['steps_per_s']:,.0f}; training wall {wall:.1f} s (evaluation excluded), "
+          f"total wall {total_wall:.1f} s (with {eval_time:.1f} s of evaluation); final greedy return {final}",
+          flush=True)
     print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as fh:
