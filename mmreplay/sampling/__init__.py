@@ -16,4 +16,14 @@ from .prioritized import PrioritizedSampler
 from .sequence import SequenceBatch, SequenceSampler
 from .uniform import TransitionSampler, UniformSampler
 
-__all__ = ["PrioritizedSampler", "SequenceBatch", "SequenceSampler", "TransitionSampler", "UniformSampler"]
+
+def load_kernels() -> None:
+    """Import the compiled sampling kernels now (numba and its on-disk cache: about a second
+    here), rather than in the first ``sample()``: a trainer does it before its clock starts."""
+    from ._gather import kernels
+
+    kernels()
+
+
+__all__ = ["PrioritizedSampler", "SequenceBatch", "SequenceSampler", "TransitionSampler", "UniformSampler",
+           "load_kernels"]

@@ -349,9 +349,7 @@ class ReplayStore:
         for w in self._writers:
             w.publish()  # this handle's own writers: everything added is visible here at once
         self.reader.refresh(scan=scan or self._need_scan)
-        self._dirty = False
-        if scan:
-            self._need_scan = False
+        self._dirty = self._need_scan = False
 
     @property
     def num_rows(self) -> int:

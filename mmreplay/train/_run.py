@@ -213,6 +213,7 @@ class Run:
                 "frame_stack": c.frame_stack, "offline": c.offline}
 
     def make_sampler(self, store: ReplayStore, total_updates: int) -> TransitionSampler:
+        from ..sampling import load_kernels
         from ..sampling.prioritized import PrioritizedSampler
         from ..sampling.uniform import UniformSampler
 
@@ -228,6 +229,7 @@ class Run:
                                      frame_stack=c.frame_stack)
         if self.payload and self.payload.get("sampler"):
             restore_sampler(sampler, self.payload["sampler"])
+        load_kernels()  # set-up, before the clock starts (the first sample would import them)
         return sampler
 
     def maybe_log(self, learner: Learner, epsilon: float | None = None, data_wait: float | None = None,

@@ -241,7 +241,9 @@ def train_online(cfg: TrainConfig) -> TrainResult:
             # TRAIN: every train_freq env steps, gradient_steps updates on batches from the store
             if run.env_steps >= next_train:
                 next_train = next_multiple(run.env_steps, cfg.train_freq)
-                store.refresh()  # every row written so far can be drawn: the run is reproducible
+                # every row written so far can be drawn: the run is reproducible (no directory listing:
+                # the writer's new segments are scanned for, and the sampler rescans every second)
+                store.refresh(scan=False)
                 for _ in range(cfg.gradient_steps):
                     t0 = time.perf_counter()
                     b = sampler.sample(cfg.batch_size)
