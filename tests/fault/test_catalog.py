@@ -71,6 +71,39 @@ def test_evictions_are_recorded_with_their_reason(tmp_path):
     assert "for capacity" in CliRunner().invoke(main, ["info", str(tmp_path / "s")]).output
 
 
+def test_an_eviction_whose_departure_a_power_loss_lost_is_recorded_by_recovery(filled):
+    """An eviction renames a file ``.deleted`` after an unsynced departure line and unlinks it
+    only once the catalog is fsynced. After a power loss that kept the rename but not the line,
+    recovery records the departure before it removes the file: an eviction, not a loss."""
+    victim = sorted((filled / "segments").iterdir())[1]
+    victim.rename(victim.with_name(victim.name + ".deleted"))  # the rename survived, the line did not
+    with mmreplay.open_store(filled, mode="a") as st:
+        assert st.lost_segments() == {} and st.info()["evictions"].get("capacity") == 1
+    assert not list((filled / "segments").glob("*.deleted"))
+    assert CliRunner().invoke(main, ["verify", str(filled)]).exit_code == 0
+
+
+def test_a_writers_evictions_leave_no_file_behind_and_every_departure_synced(tmp_path, monkeypatch):
+    """A writer's evicted files are unlinked in the background, each only after a catalog fsync
+    that follows its departure line; closing the writer leaves none behind."""
+    mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=32, segment_records=16).close()
+    events = []
+    real_sync, real_unlink = Catalog.sync, Path.unlink
+    monkeypatch.setattr(Catalog, "sync", lambda self: events.append("sync") or real_sync(self))
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (events.append("unlink") if self.name.endswith(
+        ".deleted") else None) or real_unlink(self, *a, **k))
+    st = mmreplay.open_store(tmp_path / "s", mode="a")
+    w = st.writer(lanes=1)
+    for _ in range(16 * 8):
+        w.add(**{f.name: np.zeros((1, *f.shape), f.dtype) for f in SCHEMA.fields})
+    w.close()
+    assert events.count("unlink") >= 4 and events[0] == "sync"  # the first unlink follows a sync
+    assert all("sync" in events[:i] for i, e in enumerate(events) if e == "unlink")
+    assert not list((tmp_path / "s" / "segments").glob("*.deleted"))
+    assert st.lost_segments() == {} and st.info()["evictions"]["capacity"] >= 4
+    st.close()
+
+
 @pytest.mark.parametrize("point", ["catalog_torn_line", "catalog_after_departure"])
 def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
     """Killed with a half-written catalog line, or between an eviction's catalog line and its
