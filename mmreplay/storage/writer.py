@@ -162,7 +162,7 @@ class Writer:
         self._row_specs = self._steps.row_specs if self._has_done else None  # single-lane rows: _add_row
         self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
-        try:  # the first segment is made now, not on the append path; the next one in the background
+        try:  # the first segment is made now, the next ones as the previous is taken (_supply.py)
             with self._mutex:  # once this one is half full (a short session never makes a spare)
                 self._roll()
         except BaseException:
@@ -430,7 +430,7 @@ class Writer:
         now = time.monotonic()
         if self._staged_at == 0.0:
             self._staged_at = now  # the oldest unpublished row's time
-        # the next segment is made in the background: from half of the first one (a short session
+        # the next segment is made (pre-faulted in the background): from half of the first one (a short session
         # makes no spare), then as soon as a segment is taken (a whole segment's time to make the
         # next one); rows are published first, so the eviction it runs counts every row written
         order_next = (2 * n >= self.usable or seg.header.chain_index > 0) and self._supply.idle
