@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 class SegmentSupply:
     """Segments for one writer session (used under the writer's mutex)."""
 
-
     def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epoch: int, durability: str) -> None:
         self.store = store
         self.writer_id = writer_id
@@ -67,7 +66,7 @@ class SegmentSupply:
         self._faulter: ThreadPoolExecutor | None = None
         self._syncer: ThreadPoolExecutor | None = None
         self._syncs: list[Future[None]] = []
-        self._closed: list[Segment] = []  # closed durably in the background, not catalogued yet
+        self._closed: deque[Segment] = deque()  # closed durably in the background, not catalogued yet
         self._faults: dict[str, Future[None]] = {}  # segments being pre-faulted in the background
 
     # -- making ---------------------------------------------------------------------------
@@ -191,7 +190,9 @@ class SegmentSupply:
         self._closed.append(seg)  # catalogued by the writer's thread (list.append: no system call)
 
     def _catalogue_closed(self) -> None:
-        done, self._closed = self._closed, []
+        done = []
+        while self._closed:  # (popleft and the background thread's append are atomic)
+            done.append(self._closed.popleft())
         if done:
             self._catalogue(*done)
 
