@@ -293,32 +293,26 @@ class Writer:
 
     def _add_row(self, data: Mapping[str, Any]) -> bool:
         """Append one single-lane step as it usually comes (every field, exact dtypes and shapes,
-        finite floats) into the open segment when no roll, publish or spare segment is due: one
-        structured record assignment. False (nothing written): the general path handles it."""
+        finite floats) into the open segment: one structured record assignment, then the same
+        ``_after_write`` as every append. False (nothing written): the general path handles it."""
         if (self._pid != _PID[0] or self._closed or self._failed is not None
                 or (vals := self._steps.row_values(data)) is None):
             return False
         with self._mutex:
             seg, n = self._seg, self._n
-            if (seg is None or n + 1 >= self.usable or n + 1 - self._pub >= self._pub_rows
-                    or (2 * n + 2 >= self.usable or seg.header.chain_index > 0) and self._supply.idle):
-                return False  # a roll, a publish or the next segment's order: _after_write's cases
+            if seg is None or n >= self.usable:
+                return False  # a roll first: the general path
             vals.insert(self._steps.is_last_pos, self._prev_done is _DONE or bool(self._prev_done[0]))
             try:
                 seg.records[n] = tuple(vals)
                 self._n = n + 1
                 self._prev_done = _DONE if data["terminated"][0] or data["truncated"][0] else _NOT_DONE
-                now = time.monotonic()
-                if self._staged_at == 0.0:
-                    self._staged_at = now  # the oldest unpublished row's time
-                if now - self._staged_at >= self.publish_interval_s:
-                    self._publish()
-                elif not self._wake.is_set():
-                    self._wake.set()  # the publisher publishes these rows if no add comes within the interval
+                if _failpoint.ACTIVE:
+                    _failpoint.hit("after_payload")
+                self._after_write(seg)  # the one publish / seal / next-segment policy
             except BaseException as exc:
                 self._failed = exc
                 raise
-            self.store._dirty = True
         return True
 
     def _append(self, data: Mapping[str, Any], step: bool) -> None:
