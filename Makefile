@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 demo: $(STAMP)
 	rm -rf $(DEMO) $(DEMO)-cp $(DEMO)-run

@@ -1,13 +1,16 @@
 """The integrations side by side with each library's own buffer, in one run.
 
-    python benchmarks/integrations.py [--parts dqn,sac,torchrl,dataloader] [--seeds 1 2 3] [--out FILE]
+    python benchmarks/integrations.py [--parts dqn,sac,torchrl,dataloader] [--seeds 1 2 3]
+                                      [--sampling sb3 store] [--out FILE]
 
 * ``dqn``: SB3 DQN on CartPole-v1 at the RL-zoo settings (50k steps), with SB3's own
   ``ReplayBuffer`` and with ``MMReplayBuffer``, per seed, one run after the other: the greedy
   return (mean of 20 deterministic episodes after training), the wall / CPU time of
   ``model.learn`` alone (no set-up, no evaluation) and the time spent inside the buffer's own
   ``add`` and ``sample`` (the same timing wrapper on both buffers). The buffer that runs first
-  alternates from seed to seed.
+  alternates from seed to seed. ``MMReplayBuffer`` runs with each ``--sampling`` mode given
+  (default ``sb3``, its default: SB3's own draws, so a seed trains what SB3's buffer trains;
+  ``store``: uniform draws over the store with the buffer's own generator).
 * ``sac``: the same for SB3 SAC on Pendulum-v1 (RL-zoo settings, 20k steps).
 * ``torchrl``: a TorchRL DQN loss loop (sample 256, ``DQNLoss``, backward, Adam step) fed from
   ``MMReplayStorage`` + ``MMReplaySampler`` and from TorchRL's ``LazyMemmapStorage`` (its default
@@ -39,7 +42,8 @@ DQN_ZOO = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learnin
 SAC_ZOO = dict(learning_rate=1e-3)
 
 
-def _learn(algo: str, env_id: str, steps: int, seed: int, ours: bool, root: Path, zoo: dict[str, Any]) -> dict[str, Any]:
+def _learn(algo: str, env_id: str, steps: int, seed: int, ours: str | None, root: Path,
+           zoo: dict[str, Any]) -> dict[str, Any]:
     import stable_baselines3 as sb3
     from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -47,7 +51,7 @@ def _learn(algo: str, env_id: str, steps: int, seed: int, ours: bool, root: Path
 
     path = root / f"{algo}-{seed}"
     shutil.rmtree(path, ignore_errors=True)
-    kw = dict(replay_buffer_class=MMReplayBuffer, replay_buffer_kwargs=dict(path=path)) if ours else {}
+    kw = dict(replay_buffer_class=MMReplayBuffer, replay_buffer_kwargs=dict(path=path, sampling=ours)) if ours else {}
     model = getattr(sb3, algo)("MlpPolicy", env_id, seed=seed, verbose=0, **zoo, **kw)
     spent = {"add": 0.0, "sample": 0.0}
     buf = model.replay_buffer
@@ -60,7 +64,7 @@ def _learn(algo: str, env_id: str, steps: int, seed: int, ours: bool, root: Path
     if ours:
         model.replay_buffer.close()
         shutil.rmtree(path, ignore_errors=True)
-    return {"algo": algo, "buffer": "mmreplay" if ours else "sb3", "seed": seed, "return": float(mean),
+    return {"algo": algo, "buffer": f"mmreplay-{ours}" if ours else "sb3", "seed": seed, "return": float(mean),
             "return_std": float(std), "wall_s": wall, "cpu_s": cpu, "add_s": spent["add"], "sample_s": spent["sample"]}
 
 
@@ -74,11 +78,12 @@ def _timed(f: Any, name: str, spent: dict[str, float]) -> Any:
     return timed
 
 
-def part_sb3(algo: str, seeds: list[int], root: Path) -> list[dict[str, Any]]:
+def part_sb3(algo: str, seeds: list[int], root: Path, modes: list[str]) -> list[dict[str, Any]]:
     env_id, steps, zoo = ("CartPole-v1", 50_000, DQN_ZOO) if algo == "DQN" else ("Pendulum-v1", 20_000, SAC_ZOO)
     out = []
     for seed in seeds:
-        for ours in ((False, True) if seed % 2 else (True, False)):  # alternate who goes first (load drifts)
+        runs: list[str | None] = [None, *modes]
+        for ours in (runs if seed % 2 else runs[::-1]):  # alternate who goes first (load drifts)
             r = _learn(algo, env_id, steps, seed, ours, root, zoo)
             print(json.dumps(r), flush=True)
             out.append(r)
@@ -204,15 +209,15 @@ def part_dataloader(root: Path, repeats: int = 3, batches: int = 400, batch: int
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| algo | seed | return, SB3 buffer | return, mmreplay | wall s, SB3 | wall s, mmreplay | wall ratio "
-             "| add + sample s, SB3 | add + sample s, mmreplay |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| algo | seed | mmreplay sampling | return, SB3 buffer | return, mmreplay | wall s, SB3 | wall s, mmreplay "
+             "| wall ratio | add + sample s, SB3 | add + sample s, mmreplay |", "|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["algo"], r["seed"], r["buffer"]): r for r in rows}
-    for algo, seed in sorted({(r["algo"], r["seed"]) for r in rows}):
-        a, b = by.get((algo, seed, "sb3")), by.get((algo, seed, "mmreplay"))
-        if a and b:
-            lines.append(f"| {algo} | {seed} | {a['return']:.1f} | {b['return']:.1f} | {a['wall_s']:.1f} | "
-                         f"{b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.3f} | {a['add_s'] + a['sample_s']:.1f} | "
-                         f"{b['add_s'] + b['sample_s']:.1f} |")
+    for algo, seed, buffer in sorted({(r["algo"], r["seed"], r["buffer"]) for r in rows if r["buffer"] != "sb3"}):
+        a, b = by.get((algo, seed, "sb3")), by[(algo, seed, buffer)]
+        if a:
+            lines.append(f"| {algo} | {seed} | {buffer.removeprefix('mmreplay-')} | {a['return']:.1f} | {b['return']:.1f} "
+                         f"| {a['wall_s']:.1f} | {b['wall_s']:.1f} | {b['wall_s'] / a['wall_s']:.3f} "
+                         f"| {a['add_s'] + a['sample_s']:.1f} | {b['add_s'] + b['sample_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -220,6 +225,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="dqn,sac,torchrl,dataloader")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--sampling", nargs="+", default=["sb3"], choices=["sb3", "store"],
+                    help="MMReplayBuffer's sampling modes to run (each against SB3's own buffer)")
     ap.add_argument("--root", default=None, help="directory for the stores (default: a temporary one)")
     ap.add_argument("--out", default=None, help="write every result as JSON here")
     args = ap.parse_args()
@@ -234,9 +241,9 @@ def main() -> None:
             results["dataloader"] = part_dataloader(root)
         rows = []
         if "dqn" in parts:
-            rows += part_sb3("DQN", args.seeds, root)
+            rows += part_sb3("DQN", args.seeds, root, args.sampling)
         if "sac" in parts:
-            rows += part_sb3("SAC", args.seeds, root)
+            rows += part_sb3("SAC", args.seeds, root, args.sampling)
         results["sb3"] = rows
     finally:
         shutil.rmtree(root, ignore_errors=True)

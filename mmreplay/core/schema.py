@@ -85,6 +85,7 @@ class Schema:
         init=False, repr=False, compare=False
     )
     _names: frozenset[str] = dataclasses.field(init=False, repr=False, compare=False)
+    _order: tuple[tuple[str, ...], tuple[str, ...]] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __init__(self, fields: Iterable[Field]) -> None:
         fs = tuple(fields)
@@ -100,6 +101,8 @@ class Schema:
         specs = tuple((f.name, f.dtype, f.shape, len(f.shape), f.dtype.kind in "fc") for f in fs)
         object.__setattr__(self, "_specs", specs)
         object.__setattr__(self, "_names", frozenset(names))
+        # the names and observation names, asked on every batch: computed once (a schema is frozen)
+        object.__setattr__(self, "_order", (tuple(names), tuple(n for n in names if n == "obs" or n.startswith("obs/"))))
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -155,12 +158,12 @@ class Schema:
     # -- views -----------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        return self._order[0]
 
     @property
     def obs_names(self) -> tuple[str, ...]:
         """Observation fields: ``obs`` and ``obs/...``."""
-        return tuple(n for n in self.names if n == "obs" or n.startswith("obs/"))
+        return self._order[1]
 
     def __getitem__(self, name: str) -> Field:
         for f in self.fields:
@@ -169,7 +172,7 @@ class Schema:
         raise KeyError(name)
 
     def __contains__(self, name: object) -> bool:
-        return any(f.name == name for f in self.fields)
+        return name in self._names
 
     @property
     def row_bytes(self) -> int:

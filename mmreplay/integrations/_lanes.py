@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from ..storage.writer import Durability, Writer
 
 Arrays = dict[str, np.ndarray]
+_ONE = np.ones(1, np.bool_)
+_ONE.flags.writeable = False
 
 
 class LaneWriters:
@@ -58,6 +60,7 @@ class LaneWriters:
             raise
         self.pending = {k: np.zeros((n, *self.schema[k].shape), self.schema[k].dtype) for k in self.obs_names}
         self.has_pending = np.zeros(n, np.bool_)
+        self.step_ids = np.full(n, -1, np.int64)  # global row id of each env's row of the last ``step``
         self._final = {f.name: np.zeros((1, *f.shape), f.dtype) for f in self.schema.fields
                        if f.name not in self.obs_names}
         self.closed = False
@@ -74,6 +77,9 @@ class LaneWriters:
 
     def _continues(self, obs: Arrays, lanes: slice | np.ndarray) -> np.ndarray:
         """Which lanes' ``obs`` equal the ``next_obs`` they wait for (a row per lane of ``lanes``)."""
+        if self.n == 1 and all(obs[k].dtype == self.pending[k].dtype and obs[k].tobytes() == self.pending[k].tobytes()
+                               for k in self.obs_names):  # one env, the usual case: equal bytes, no array ops
+            return _ONE
         same = None
         for k in self.obs_names:
             eq = obs[k] == self.pending[k][lanes]
@@ -85,28 +91,40 @@ class LaneWriters:
     def step(self, obs: Arrays, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
              truncated: np.ndarray, next_obs: Arrays) -> None:
         """One step of every env: each array has leading dimension ``n``."""
+        if len(self.writers) == 1:
+            return self._step_one(obs, action, reward, terminated, truncated, next_obs)
         if self.has_pending.any():
             cut = self.has_pending & ~self._continues(obs, slice(None))
             if cut.any():
                 self._cut(cut)
         done = terminated | truncated
         final = self._final
-        if len(self.writers) == 1:  # one env: the arrays are its rows as they are
-            row = {**obs, "action": action, "reward": reward, "terminated": terminated, "truncated": truncated}
-            self.writers[0].add(row)
-            if done[0]:
-                self.writers[0].add({**final, **next_obs})
-        else:
-            for i, w in enumerate(self.writers):
-                j = slice(i, i + 1)
-                row = {k: obs[k][j] for k in self.obs_names}
-                row.update(action=action[j], reward=reward[j], terminated=terminated[j], truncated=truncated[j])
-                w.add(row)
-                if done[i]:  # the final observation: the writer flags it is_last (the row before is done)
-                    w.add({**final, **{k: next_obs[k][j] for k in self.obs_names}})
+        for i, w in enumerate(self.writers):
+            j = slice(i, i + 1)
+            row = {k: obs[k][j] for k in self.obs_names}
+            row.update(action=action[j], reward=reward[j], terminated=terminated[j], truncated=truncated[j])
+            w.add(row)
+            self.step_ids[i] = w.last_row_id
+            if done[i]:  # the final observation: the writer flags it is_last (the row before is done)
+                w.add({**final, **{k: next_obs[k][j] for k in self.obs_names}})
         for k in self.obs_names:
             np.copyto(self.pending[k], next_obs[k])
         self.has_pending = ~done
+
+    def _step_one(self, obs: Arrays, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
+                  truncated: np.ndarray, next_obs: Arrays) -> None:
+        """``step`` of one env, the usual SB3 case: the arrays are its rows as they are (no array ops)."""
+        if self.has_pending[0] and not self._continues(obs, slice(None))[0]:
+            self._cut(self.has_pending.copy())
+        w = self.writers[0]
+        w.add({**obs, "action": action, "reward": reward, "terminated": terminated, "truncated": truncated})
+        self.step_ids[0] = w.last_row_id
+        done = bool(terminated[0]) or bool(truncated[0])
+        if done:  # the final observation: the writer flags it is_last (the row before is done)
+            w.add({**self._final, **next_obs})
+        for k in self.obs_names:
+            self.pending[k][0] = next_obs[k][0]
+        self.has_pending[0] = not done
 
     def extend(self, lane: int, obs: Arrays, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
                truncated: np.ndarray, next_obs: Arrays) -> None:

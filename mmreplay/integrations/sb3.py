@@ -25,18 +25,34 @@ What it keeps:
 * Persistence: a buffer with the path of an existing store continues on its rows (a new
   process, a new model; no ``save_replay_buffer`` needed) and several processes may write one
   store while each samples all of it (rows of other processes within ``refresh_interval_s``).
-  Pickling (``save_replay_buffer``) saves the path and settings, not the rows.
-* Capacity: ``buffer_size`` rows (FIFO by whole segments; new stores get segments of
-  ``buffer_size // 8`` rows, at least 1,024). Sampling draws uniformly over every stored
-  transition with the buffer's own seeded generator (its seed is drawn from numpy's global
-  generator, which SB3's ``seed=`` sets, unless ``seed=`` is given).
+  Pickling (``save_replay_buffer``) saves the path and settings, not the rows (nor the slot
+  table: a loaded buffer lays the store's transitions into it anew).
+* Sampling, two ways (``sampling=``):
 
-The newest step of each env becomes sampleable when the env's next step is added (its
-``next_obs`` is that step's row); ``close()`` (or interpreter exit) writes the pending ones.
+  - ``"sb3"`` (default): SB3's own draws. The buffer keeps SB3's slot table, ``(pos, env)`` over the
+    last ``buffer_size`` steps it added (one row id per slot, 8 bytes), and draws slots with numpy's
+    global generator exactly as SB3's ``ReplayBuffer`` does (``sample``, then ``_get_samples``, the
+    ``optimize_memory_usage`` variant included). A seeded run samples the very transitions SB3's
+    own buffer would, so it trains the same model. The newest step of each env is drawn too:
+    its ``next_obs`` is served from memory until the env's next step writes it. A store that
+    already holds transitions when the buffer opens fills the table with its newest ones (as SB3's
+    ``load_replay_buffer`` would). Rows written by other processes are not drawn; a slot whose
+    row is no longer stored (evicted, repaired) is replaced by a uniform draw over the store.
+  - ``"store"``: uniform over every transition in the store (other processes' rows within
+    ``refresh_interval_s``) with the buffer's own seeded generator (its seed is drawn from numpy's
+    global generator, which SB3's ``seed=`` sets, unless ``seed=`` is given). Each env's newest
+    step becomes sampleable when the env's next step is added (its ``next_obs`` is that row).
+
+  ``close()`` (or interpreter exit) writes each env's pending ``next_obs``.
+* Capacity: FIFO by whole segments. A new store keeps ``buffer_size`` rows with ``"store"``
+  sampling, 1.25 x ``buffer_size`` with ``"sb3"`` (so the slot table's steps stay stored with the
+  final-observation rows among them); default segments follow the capacity.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -51,12 +67,11 @@ from ..core.schema import Schema
 from ..loader import tensor_batch
 from ..sampling.uniform import UniformSampler
 from ..storage.opening import open_or_create
+from ..storage.view import TransitionBatch, locate_transitions, transitions
 from ._lanes import LaneWriters
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecNormalize
-
-    from ..storage.view import TransitionBatch
 
 __all__ = ["MMReplayBuffer"]
 
@@ -76,13 +91,17 @@ class MMReplayBuffer(ReplayBuffer):
         and ``n_envs`` so a full buffer holds at most 1.25 x ``buffer_size`` + (n_envs + 1) x 1,024 rows).
     durability
         The writers' durability level (``"process"``, ``"segment"``, ``"batch"``; see ``mmreplay.Writer``).
+    sampling
+        ``"sb3"``: SB3's own draws over this buffer's last ``buffer_size`` steps (seeded runs sample
+        what SB3's buffer would); ``"store"``: uniform over every transition in the store (rows of
+        other processes too). See the module's docstring.
     seed
-        Seed of the sampler's generator; ``None`` draws one from ``numpy.random``.
+        Seed of the ``"store"`` sampler's generator; ``None`` draws one from ``numpy.random``.
     refresh_interval_s
         How often the sampler looks for rows written by other processes.
     sampler_kwargs
         More ``mmreplay.UniformSampler`` options (``mode="windowed"``, ``cache_bytes``,
-        ``prefetch_batches``) for stores larger than RAM.
+        ``prefetch_batches``) for stores larger than RAM, with ``sampling="store"``.
     """
 
     def __init__(
@@ -98,6 +117,7 @@ class MMReplayBuffer(ReplayBuffer):
         path: str | Path,
         segment_records: int | None = None,
         durability: Literal["process", "segment", "batch"] = "segment",
+        sampling: Literal["sb3", "store"] = "sb3",
         seed: int | None = None,
         refresh_interval_s: float = 1.0,
         sampler_kwargs: dict[str, Any] | None = None,
@@ -107,13 +127,22 @@ class MMReplayBuffer(ReplayBuffer):
         self.optimize_memory_usage = optimize_memory_usage
         self.handle_timeout_termination = handle_timeout_termination
         self.path = str(path)
+        if sampling not in ("sb3", "store"):
+            raise ValueError(f"sampling must be 'sb3' or 'store', got {sampling!r}")
+        self.sampling = sampling
         self._options = dict(segment_records=segment_records, durability=durability, seed=seed,
                              refresh_interval_s=refresh_interval_s, sampler_kwargs=sampler_kwargs)
-        self._open(buffer_size, np.random.randint(2**63 - 1) if seed is None else seed)
+        # sb3 sampling: the store row id of each (pos, env) slot, -1 while empty (SB3's pos and full)
+        self._slots = np.full((self.buffer_size, n_envs) if sampling == "sb3" else (0, n_envs), -1, np.int64)
+        self._warned = False
+        # a seed drawn here would shift numpy's global stream that SB3's own buffer leaves alone
+        self._open(buffer_size, seed if seed is not None or sampling == "sb3" else np.random.randint(2**63 - 1))
 
-    def _open(self, capacity: int, seed: int) -> None:
+    def _open(self, capacity: int, seed: int | None) -> None:
         o = self._options
         schema = Schema.from_spaces(self.observation_space, self.action_space)
+        if self.sampling == "sb3":  # the slot table's steps plus the final-observation rows among them
+            capacity += capacity // 4
         # default segments follow the capacity and the writers (one per env): the store's own rule
         self.store = open_or_create(self.path, schema, capacity, segment_records=o["segment_records"],
                                     metadata={"writer": "stable-baselines3"}, what="this SB3 model's spaces",
@@ -132,6 +161,17 @@ class MMReplayBuffer(ReplayBuffer):
         n, fields = self.n_envs, self.store.schema
         self._shapes = {f.name: (n, *f.shape) for f in fields.fields}  # what add() hands to the lanes
         self._reward_dtype = fields["reward"].dtype
+        if self.sampling == "sb3":
+            self._fill_slots()
+
+    def _fill_slots(self) -> None:
+        """Lay the store's newest transitions into the slot table, oldest first (a reopened buffer)."""
+        ids = self.store.transition_ids() if self.store.num_rows else np.zeros(0, np.int64)
+        steps = min(len(ids) // self.n_envs, self.buffer_size)
+        if steps:
+            self._slots[:steps] = ids[len(ids) - steps * self.n_envs :].reshape(steps, self.n_envs)
+        self.full = steps == self.buffer_size
+        self.pos = 0 if self.full else steps
 
     # -- SB3's buffer API -----------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
@@ -151,14 +191,60 @@ class MMReplayBuffer(ReplayBuffer):
         if reward.dtype != self._reward_dtype:
             reward = reward.astype(self._reward_dtype)
         self.lanes.step(fields, action, reward, done & ~timeout, done & timeout, nxt)
+        if self.sampling == "sb3":
+            self._slots[self.pos] = self.lanes.step_ids
+            self.pos += 1
+            if self.pos == self.buffer_size:
+                self.full, self.pos = True, 0
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
-        """``batch_size`` transitions drawn uniformly (with replacement) over the whole store."""
-        return self.samples_of(self.sampler.sample(batch_size), env)
+        """``batch_size`` transitions drawn with replacement: SB3's own draws (``sampling="sb3"``) or
+        uniformly over the whole store (``"store"``)."""
+        if self.sampling == "store":
+            return self.samples_of(self.sampler.sample(batch_size), env)
+        return super().sample(batch_size, env)  # SB3's own draw of slots (then our _get_samples)
 
     def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> ReplayBufferSamples:
-        """The transitions starting at store row ids ``batch_inds`` (not SB3's ``(pos, env)`` slots)."""
-        return self.samples_of(self.store.transitions(np.asarray(batch_inds, np.int64)), env)
+        """``sampling="sb3"``: SB3's slots ``batch_inds`` (envs drawn as SB3 does); ``"store"``: the
+        transitions starting at store row ids ``batch_inds``."""
+        if self.sampling == "store":
+            return self.samples_of(self.store.transitions(np.asarray(batch_inds, np.int64)), env)
+        envs = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
+        return self.samples_of(self.slot_transitions(np.asarray(batch_inds), envs), env)
+
+    def slot_transitions(self, pos: np.ndarray, envs: np.ndarray) -> TransitionBatch:
+        """The transitions in SB3 slots ``(pos, envs)`` (``sampling="sb3"``), as an mmreplay batch."""
+        store = self.store
+        store.sync_local()  # rows this buffer added are visible
+        ids = self._slots[pos, envs]
+        # an env's newest step: its next_obs is still pending in memory
+        newest = (pos == (self.pos - 1) % self.buffer_size) & self.lanes.has_pending[envs]
+        ok, k, slot = store.reader.visible(ids)
+        if ok.any():
+            whole, nk, ns = locate_transitions(store, k, slot)
+        else:
+            whole = nk = ns = ok
+        whole &= ok & ~newest
+        newest &= ok
+        if whole.all():
+            return transitions(store, k, slot, ids, nxt=(nk, ns))
+        parts, order = [], []
+        if whole.any():
+            parts.append(transitions(store, k[whole], slot[whole], ids[whole], nxt=(nk[whole], ns[whole])))
+            order.append(np.flatnonzero(whole))
+        if newest.any():
+            b = transitions(store, k[newest], slot[newest], ids[newest], nxt=(k[newest], slot[newest]))
+            nxt = {n.removeprefix("obs/"): v[envs[newest]] for n, v in self.lanes.pending.items()}
+            parts.append(_replace(b, next_obs=nxt["obs"] if set(nxt) == {"obs"} else nxt))
+            order.append(np.flatnonzero(newest))
+        if (lost := ~(whole | newest)).any():  # rows gone: a uniform draw over the store instead
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"{self.path}: some of SB3's slots point to rows no longer stored (evicted or "
+                              "masked); they are replaced by uniform draws over the store", stacklevel=3)
+            parts.append(self.sampler.sample(int(lost.sum())))
+            order.append(np.flatnonzero(lost))
+        return _concat(parts, np.argsort(np.concatenate(order), kind="stable"))
 
     def samples_of(self, b: TransitionBatch, env: VecNormalize | None = None) -> Any:
         """An mmreplay batch as SB3's ``ReplayBufferSamples`` on this buffer's device."""
@@ -166,15 +252,20 @@ class MMReplayBuffer(ReplayBuffer):
         if env is not None:  # VecNormalize: normalize as SB3 does, in numpy
             b = _replace(b, obs=self._normalize_obs(b.obs, env), next_obs=self._normalize_obs(b.next_obs, env),
                          reward=self._normalize_reward(b.reward.astype(np.float32), env))
-        t = tensor_batch(b, self.device)
-        done = t.terminated if self.handle_timeout_termination else (t.terminated | t.truncated)
-        obs, next_obs = (self._obs_tensor(x, B) for x in (t.obs, t.next_obs))
-        action = t.action.reshape(B, self.action_dim).to(_torch_dtype(self._act_dtype))
+        done = b.terminated if self.handle_timeout_termination else b.terminated | b.truncated
+        # SB3's shapes and dtypes made in numpy (cheaper than torch ops on small arrays), then one conversion
+        t = tensor_batch(TransitionBatch(
+            obs=self._obs_shaped(b.obs, B), action=b.action.reshape(B, self.action_dim).astype(self._act_dtype, copy=False),
+            reward=b.reward.reshape(B, 1).astype(np.float32, copy=False), next_obs=self._obs_shaped(b.next_obs, B),
+            terminated=done.reshape(B, 1).astype(np.float32), truncated=b.truncated, ids=b.ids), self.device)
         cls = DictReplayBufferSamples if self._dict_obs else ReplayBufferSamples
-        return cls(obs, action, next_obs, done.to(th.float32).reshape(B, 1), t.reward.to(th.float32).reshape(B, 1))
+        return cls(t.obs, t.action, t.next_obs, t.terminated, t.reward)  # terminated: SB3's float dones
 
     def size(self) -> int:
-        """Rows in the store per env (final-observation rows included), at most ``buffer_size``."""
+        """Steps per env in the slot table (``"sb3"``, as SB3), or the store's rows per env
+        (``"store"``: final-observation rows included), at most ``buffer_size``."""
+        if self.sampling == "sb3":
+            return self.buffer_size if self.full else self.pos
         return min(self.store.num_rows // self.n_envs, self.buffer_size)
 
     def reset(self) -> None:
@@ -197,13 +288,14 @@ class MMReplayBuffer(ReplayBuffer):
             self.store.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("store", "lanes", "sampler")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("store", "lanes", "sampler", "_slots")}
         self.lanes.publish()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._open(self.buffer_size * self.n_envs, self._seed + 1)
+        self._slots = np.full((self.buffer_size if self.sampling == "sb3" else 0, self.n_envs), -1, np.int64)
+        self._open(self.buffer_size * self.n_envs, None if self._seed is None else self._seed + 1)
 
     # -- conversions ------------------------------------------------------------------------
     def _fields_of(self, obs: Any, what: str) -> dict[str, np.ndarray]:
@@ -219,7 +311,7 @@ class MMReplayBuffer(ReplayBuffer):
             out[name] = _as(np.asarray(obs[name[4:]]), self._shapes[name], name, f"{what}[{name[4:]!r}]")
         return out
 
-    def _obs_tensor(self, x: Any, B: int) -> Any:
+    def _obs_shaped(self, x: Any, B: int) -> Any:
         if isinstance(x, dict):
             return {k: v.reshape(B, *self.obs_shape[k]) for k, v in x.items()}  # type: ignore[index]
         return x.reshape(B, *self.obs_shape)
@@ -236,11 +328,16 @@ def _as(x: np.ndarray, shape: tuple[int, ...], name: str, what: str = "") -> np.
     return x.reshape(shape)
 
 
-def _torch_dtype(dtype: Any) -> th.dtype:
-    return th.from_numpy(np.zeros(0, dtype)).dtype
-
-
 def _replace(b: TransitionBatch, **changes: Any) -> TransitionBatch:
-    import dataclasses
-
     return dataclasses.replace(b, **changes)
+
+
+def _concat(parts: list[TransitionBatch], take: np.ndarray) -> TransitionBatch:
+    """The batches' transitions one after the other, then reordered by ``take``."""
+    def cat(xs: list[Any]) -> Any:
+        if isinstance(xs[0], dict):
+            return {k: np.concatenate([x[k] for x in xs])[take] for k in xs[0]}
+        return np.concatenate(xs)[take]
+
+    return TransitionBatch(**{f.name: None if getattr(parts[0], f.name) is None else cat([getattr(p, f.name) for p in parts])
+                              for f in dataclasses.fields(TransitionBatch)})

@@ -467,18 +467,21 @@ class StoreReader:
                     self.region.advise(m.window, size, MADV_DONTNEED)
 
     # -- row addressing -------------------------------------------------------------------
+    def visible(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ok, k, slot)`` of global row ids: ``ok`` where the row is visible in this snapshot."""
+        s = self.snapshot
+        sid, slot = np.divmod(np.asarray(ids, np.int64), self.R)
+        k = np.minimum(np.searchsorted(s.segment_ids, sid), max(len(s.segment_ids) - 1, 0))
+        if len(s.segment_ids) == 0:
+            return np.zeros(len(sid), np.bool_), k, slot
+        return (s.segment_ids[k] == sid) & (slot < s.committed[k]) & (sid >= 0), k, slot
+
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Snapshot indices ``k`` and slots of global row ids; raises on ids not visible."""
-        s = self.snapshot
-        ids = np.asarray(ids, np.int64)
-        sid, slot = np.divmod(ids, self.R)
-        k = np.searchsorted(s.segment_ids, sid)
-        kc = np.minimum(k, max(len(s.segment_ids) - 1, 0))
-        if len(s.segment_ids) == 0 or not (
-            (s.segment_ids[kc] == sid).all() and (slot < s.committed[kc]).all() and (ids >= 0).all()
-        ):
+        ok, k, slot = self.visible(ids)
+        if not ok.all():
             raise KeyError("some row ids are not visible in this snapshot (evicted, unpublished or invalid)")
-        return kc, slot
+        return k, slot
 
     def successors(self, k: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where the next row of the same lane is: ``(ok, k_next, slot_next)``."""

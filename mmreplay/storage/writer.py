@@ -265,6 +265,12 @@ class Writer:
         except Exception:  # pragma: no cover - best effort at interpreter exit
             pass
 
+    @property
+    def last_row_id(self) -> int:
+        """Global row id of the newest row written (the last lane's row of the newest step); -1 if none."""
+        seg = self._seg
+        return -1 if seg is None or self._n == 0 else seg.header.segment_id * self.layout.segment_records + self._n - 1
+
     def stats(self) -> dict[str, Any]:
         """This session as tools and tests see it: the open segment (chain index, rows), rows not
         yet published, whether the next segment is ordered, and the publisher thread's state."""
