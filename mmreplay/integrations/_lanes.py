@@ -46,14 +46,19 @@ class LaneWriters:
     are dicts keyed by the schema's observation field names.
     """
 
-    def __init__(self, store: ReplayStore, n: int, *, durability: Durability = "segment") -> None:
+    def __init__(self, store: ReplayStore, n: int, *, durability: Durability = "segment",
+                 publish_interval_s: float = 1.0) -> None:
         self.store = store
         self.schema = store.schema
         self.obs_names = store.schema.obs_names
         self.writers: list[Writer] = []
         try:
             for _ in range(n):
-                self.writers.append(store.writer(lanes=1, durability=durability, cast="safe"))
+                # rows reach this process's sampler at its refresh (which publishes them); other processes
+                # see them within publish_interval_s: a shorter one wakes each writer's publisher thread
+                # every few ms while steps come in, each wake taking the GIL from the training loop
+                self.writers.append(store.writer(lanes=1, durability=durability, cast="safe",
+                                                 publish_interval_s=publish_interval_s))
         except BaseException:
             for w in self.writers:
                 w.close()

@@ -24,7 +24,8 @@ What it keeps:
   ``handle_timeout_termination`` (SB3 refuses that pair for its own buffer).
 * Persistence: a buffer with the path of an existing store continues on its rows (a new
   process, a new model; no ``save_replay_buffer`` needed) and several processes may write one
-  store while each samples all of it (rows of other processes within ``refresh_interval_s``).
+  store while each samples all of it (with ``sampling="store"``; rows of other processes within
+  ``refresh_interval_s`` plus the 1 s in which a writer publishes them).
   Pickling (``save_replay_buffer``) saves the path and settings, not the rows (nor the slot
   table: a loaded buffer lays the store's transitions into it anew).
 * Sampling, two ways (``sampling=``):
