@@ -219,7 +219,14 @@ class MMReplayBuffer(ReplayBuffer):
         store.sync_local()  # rows this buffer added are visible
         ids = self._slots[pos, envs]
         # an env's newest step: its next_obs is still pending in memory
-        newest = (pos == (self.pos - 1) % self.buffer_size) & self.lanes.has_pending[envs]
+        newest = pos == (self.pos - 1) % self.buffer_size
+        if newest.any():
+            newest &= self.lanes.has_pending[envs]
+        if not newest.any():
+            try:  # the usual case: every slot a stored transition, gathered by the sampler's compiled kernel
+                return self.sampler.view(ids)
+            except KeyError:
+                pass
         ok, k, slot = store.reader.visible(ids)
         if ok.any():
             whole, nk, ns = locate_transitions(store, k, slot)
