@@ -208,6 +208,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     stack = FrameStack(cfg.frame_stack) if cfg.frame_stack > 1 else None
     x = stack.reset(obs) if stack is not None else obs
     autoreset = np.zeros(n, np.bool_)  # this step only resets the lane (next-step autoreset)
+    resets = 0  # autoreset.sum(), kept as an int (the per-step bookkeeping stays off numpy when nothing ends)
     ep_return = np.zeros(n)
     # train at every multiple of train_freq past learning_starts (as SB3 and CleanRL do)
     next_train = next_multiple(max(cfg.learning_starts, run.env_steps), cfg.train_freq)
@@ -224,7 +225,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
             if not explore.all():
                 actions = np.where(explore, actions, greedy_actions(learner.q, x, run.device))
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
-            if run.env_steps + n - int(autoreset.sum()) >= cfg.steps:  # the run ends here: running
+            if run.env_steps + n - resets >= cfg.steps:  # the run ends here: running
                 truncated = truncated | ~(terminated | autoreset)      # episodes are cut (truncated)
             # DATA: the step goes into the store (the row after an episode's end is its final obs)
             if isinstance(obs, dict):
@@ -234,11 +235,13 @@ def train_online(cfg: TrainConfig) -> TrainResult:
                 writer.add(obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated)
             ended = terminated | truncated
             ep_return += reward
-            if ended.any():
+            stepped = n - resets
+            resets = int(ended.sum()) if ended.any() else 0
+            if resets:
                 run.returns.extend(ep_return[ended].tolist())
-                run.episodes += int(ended.sum())
+                run.episodes += resets
                 ep_return[ended] = 0.0
-            run.env_steps += int(n - autoreset.sum())
+            run.env_steps += stepped
             x = stack.push(next_obs, autoreset) if stack is not None else next_obs
             obs, autoreset = next_obs, ended
             # TRAIN: every train_freq env steps, gradient_steps updates on batches from the store
