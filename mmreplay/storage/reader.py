@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,7 +50,7 @@ from .segment import parse_segment_name, read_segment_meta
 from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
 from .table import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID, SEG_LANES, SEG_PRED,
-                    SEG_SUCC, SEG_USABLE, index_draws)
+                    SEG_SUCC, SEG_USABLE, Snapshot, index_draws, recount)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -78,30 +78,6 @@ class _Mapped:
     """Why its check could not read it (left out for good)."""
     patch: DamagePatch | None = None
     """Its damaged rows, patched out of this reader's view."""
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """Arrays describing the live segments in segment-id order (index ``k``)."""
-
-    segment_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    windows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    committed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    usable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    lanes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """Writer-session row number of each segment's slot 0."""
-    """Index of the previous segment of the same writer session (-1 if none or evicted)."""
-    """Index of the next segment of the same writer session, or -1."""
-    cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    sealed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
-    """Whether each segment is sealed (immutable); the others are open (being written)."""
-
-    @property
-    def total_rows(self) -> int:
-        return int(self.cum_end[-1]) if len(self.cum_end) else 0
 
 
 class StoreReader:
@@ -231,26 +207,30 @@ class StoreReader:
                     ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(bad)[:5]))
 
     # -- checks ---------------------------------------------------------------------------
-    def _run_checks(self) -> None:
+    def _run_checks(self) -> bool:
         """Apply finished background checks; check new pending segments now if they are few
-        bytes, else queue them for the background thread."""
+        bytes, else queue them for the background thread. True if a check's result was applied."""
         c = self.checker
         if c is None:
-            return
+            return False
         by_name = {m.name: m for m in self.segments.values()}
+        applied = False
         for name, (ident, result) in c.take_done().items():
             if name in by_name:
                 self._checked(by_name[name], ident, result)
+                applied = True
         todo = [m for m in self.segments.values() if m.pending and not m.queued]
         self._unstarted = False  # every one is checked or queued below
         if todo and not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
             for m in todo:
                 self._checked(m, *c.run(_Job(m.name, m.committed)))
+            applied = True
         elif todo:
             todo.sort(key=lambda x: x.header.segment_id)  # oldest first
             c.submit([_Job(m.name, m.committed) for m in todo])
             for m in todo:
                 m.queued = True
+        return applied
 
     def _checked(self, m: _Mapped, ident: tuple[int, ...] | None, result: np.ndarray | str) -> None:
         m.pending = m.queued = False
@@ -294,16 +274,26 @@ class StoreReader:
         """Pick up new segments (``scan``), new rows and evicted segments; ``checks``: also check
         segments first seen sealed (else they wait, unserved, for a refresh that does)."""
         with self._lock:
+            changed = scan  # the set of segments or their states: a new snapshot; else only counts grew
             if scan:
                 self._scan()
+            grown = {}
             for m in self.segments.values():
                 if m.state != STATE_SEALED:
+                    n, state = m.committed, m.state
                     self._read_control(m)  # sealed segments are immutable
                     if m.state == STATE_SEALED:
                         self._advise(m)
+                    changed |= m.state != state
+                    if m.committed != n:
+                        grown[m.header.segment_id] = m.committed
             if checks:
-                self._run_checks()
-            self._rebuild()
+                changed |= self._run_checks()
+            if changed:
+                self._rebuild()
+            elif grown:  # rows appended to open segments: the counts, not the whole snapshot (per batch)
+                self.snapshot = self.snapshot.with_counts(grown)
+                self._table = None if self._table is None else recount(self._table, self.snapshot)
 
     def _scan(self) -> None:
         seen: dict[int, str] = {}
@@ -372,6 +362,7 @@ class StoreReader:
         s.usable = np.array([m.header.usable_records for m in ms], np.int64)
         s.lanes = np.array([m.header.lanes for m in ms], np.int64)
         s.cum_end = np.cumsum(s.committed)
+        s.index = {int(sid): k for k, sid in enumerate(s.segment_ids)}
         s.sealed = np.array([m.state == STATE_SEALED for m in ms], np.bool_)
         chain = {(m.header.writer_id, m.header.session_epoch, m.header.chain_index): k for k, m in enumerate(ms)}
         s.succ = np.array(

@@ -1,4 +1,4 @@
-"""The segment table: a reader snapshot as one int64 array, the compiled kernels' view of it.
+"""The reader's snapshot (``Snapshot``) and the segment table, one int64 array: the compiled kernels' view of it.
 
 One row per snapshot segment (``SEG_*`` columns: cumulative end of its committed rows in the
 draw order, committed and usable rows, lanes, successor/predecessor rows in the lane chain, byte
@@ -10,6 +10,8 @@ restricted table for windowed draws) calls :func:`index_draws` again.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,3 +46,48 @@ def index_draws(t: np.ndarray) -> np.ndarray:
     t[:, SEG_SHIFT] = shift
     t[:, SEG_BUCKET:SEG_BUCKET + SEG_NBUCKETS] = first.reshape(n, SEG_NBUCKETS)
     return t
+
+
+def recount(t: np.ndarray, s: Snapshot) -> np.ndarray:
+    """A copy of segment table ``t`` with the counts of snapshot ``s`` (same segments, more rows)."""
+    t = t.copy()
+    t[:, SEG_COMMITTED] = s.committed
+    t[:, SEG_CUM_END] = s.cum_end
+    return index_draws(t)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Arrays describing the live segments in segment-id order (index ``k``)."""
+
+    segment_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    windows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    committed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    usable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    lanes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Index of the next segment of the same writer session, or -1."""
+    pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Index of the previous segment of the same writer session (-1 if none or evicted)."""
+    first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Writer-session row number of each segment's slot 0."""
+    cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sealed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    """Whether each segment is sealed (immutable); the others are open (being written)."""
+
+    index: dict[int, int] = field(default_factory=dict)
+    """Segment id -> index ``k``."""
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.cum_end[-1]) if len(self.cum_end) else 0
+
+    def with_counts(self, counts: dict[int, int]) -> Snapshot:
+        """This snapshot with new committed counts for some segments (by segment id): rows appended
+        to open segments change nothing else, so a refresh that saw only that needs no rebuild."""
+        committed = self.committed.copy()
+        for sid, n in counts.items():
+            k = self.index.get(sid)
+            if k is not None:
+                committed[k] = n
+        return replace(self, committed=committed, cum_end=np.cumsum(committed))

@@ -10,6 +10,7 @@ import pytest
 from conftest import step
 
 import mmreplay
+from mmreplay.storage.table import SEG_COMMITTED, SEG_CUM_END, index_draws
 from mmreplay import (
     EmptyStoreError,
     InvalidValueError,
@@ -474,3 +475,36 @@ def test_open_store_on_a_file_or_a_plain_directory_is_store_not_found(tmp_path):
             with pytest.raises(mmreplay.StoreNotFoundError, match=says) as e:
                 mmreplay.open_store(path, mode=mode)
             assert str(path) in str(e.value)
+
+
+def test_a_refresh_that_sees_only_appended_rows_matches_a_full_snapshot(tmp_path, schema):
+    """A refresh that finds only rows appended to open segments updates the counts in place of a
+    rebuild (same segment arrays); its snapshot, draw index and transitions equal a fresh handle's."""
+    path = tmp_path / "s"
+    s = mmreplay.create_store(path, schema, capacity=10_000, segment_records=64)
+    w = s.writer(lanes=2)
+    incremental = 0
+    for t in range(100):
+        w.add(step(2, t))
+        before = s.reader.snapshot
+        s.refresh(scan=False)
+        snap = s.reader.snapshot
+        incremental += snap.segment_ids is before.segment_ids and snap.committed is not before.committed
+        if t % 9 == 4:
+            with mmreplay.open_store(path) as fresh:  # (it also lists the writer's spare segment, still empty)
+                f = fresh.reader.snapshot
+                common = np.isin(f.segment_ids, snap.segment_ids)
+                assert (f.committed[~common] == 0).all()
+                np.testing.assert_array_equal(snap.segment_ids, f.segment_ids[common])
+                np.testing.assert_array_equal(snap.committed, f.committed[common])
+                np.testing.assert_array_equal(snap.cum_end, f.cum_end[common])
+                ours = s.reader.segment_table()
+                np.testing.assert_array_equal(ours[:, SEG_CUM_END], snap.cum_end)
+                np.testing.assert_array_equal(ours[:, SEG_COMMITTED], snap.committed)
+                np.testing.assert_array_equal(ours, index_draws(ours.copy()))  # the draw index follows the counts
+                ids = s.transition_ids()
+                np.testing.assert_array_equal(ids, fresh.transition_ids())
+                np.testing.assert_array_equal(s.transitions(ids).next_obs, fresh.transitions(ids).next_obs)
+    assert incremental > 50  # most refreshes took the count-only path (the others found a new segment)
+    w.close()
+    s.close()
