@@ -342,6 +342,37 @@ def test_dict_observations(tmp_path):
     b.close()
 
 
+def test_sb3_sampling_of_dict_observations_equals_sb3s_dict_buffer(tmp_path):
+    """Dict observations, the newest steps' pending next_obs included: every batch equals SB3's own."""
+    from stable_baselines3.common.buffers import DictReplayBuffer
+
+    obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "cell": spaces.Discrete(5)})
+    theirs = DictReplayBuffer(100, obs_space, spaces.Discrete(3), "cpu", n_envs=2)
+    ours = MMReplayBuffer(100, obs_space, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "s")
+    rng = np.random.default_rng(0)
+
+    def obs(t):
+        return {"pos": rng.standard_normal((2, 2)).astype(np.float32), "cell": np.array([t % 5, (t + 1) % 5])}
+
+    o = obs(0)
+    for t in range(30):
+        nxt = obs(t + 1)
+        done = np.array([t % 7 == 6, False])
+        for b in (theirs, ours):
+            b.add(o, nxt, np.array([t % 3, 1]), np.ones(2, np.float32), done, [{}, {}])
+        o = nxt
+        np.random.seed(t)
+        a = theirs.sample(16)
+        np.random.seed(t)
+        b = ours.sample(16)
+        for k in ("pos", "cell"):
+            np.testing.assert_array_equal(b.observations[k].numpy(), a.observations[k].numpy())
+            np.testing.assert_array_equal(b.next_observations[k].numpy(), a.next_observations[k].numpy())
+        np.testing.assert_array_equal(b.actions.numpy(), a.actions.numpy())
+        np.testing.assert_array_equal(b.dones.numpy(), a.dones.numpy())
+    ours.close()
+
+
 def test_windowed_sampling_for_a_store_larger_than_ram(tmp_path):
     """``sampler_kwargs`` reach mmreplay's sampler: a resident set of 2 segments out of 6 (the
     "larger than RAM" mode), and every sampled transition is one SB3's own buffer holds."""
