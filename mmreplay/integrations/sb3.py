@@ -234,8 +234,6 @@ class MMReplayBuffer(ReplayBuffer):
             whole = nk = ns = ok
         whole &= ok & ~newest
         newest &= ok
-        if whole.all():
-            return transitions(store, k, slot, ids, nxt=(nk, ns))
         parts, order = [], []
         if whole.any():
             parts.append(transitions(store, k[whole], slot[whole], ids[whole], nxt=(nk[whole], ns[whole])))

@@ -320,31 +320,11 @@ def test_wrong_shapes_and_spaces_name_the_field(tmp_path):
         MMReplayBuffer(1000, spaces.Box(-1, 1, (5,), np.float32), act_space, "cpu", path=tmp_path / "s")
 
 
-def test_dict_observations(tmp_path):
-    from stable_baselines3.common.type_aliases import DictReplayBufferSamples
-
-    obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "cell": spaces.Discrete(5)})
-    b = MMReplayBuffer(1000, obs_space, spaces.Discrete(3), "cpu", n_envs=2, path=tmp_path / "s", seed=0)
-    rng = np.random.default_rng(0)
-
-    def obs(t):
-        return {"pos": rng.standard_normal((2, 2)).astype(np.float32), "cell": np.array([t % 5, (t + 1) % 5])}
-
-    o = obs(0)
-    for t in range(20):
-        nxt = obs(t + 1)
-        b.add(o, nxt, np.array([t % 3, 1]), np.ones(2, np.float32), np.array([t == 9, False]), [{}, {}])
-        o = nxt
-    batch = b.sample(8)
-    assert isinstance(batch, DictReplayBufferSamples)
-    assert batch.observations["pos"].shape == (8, 2) and batch.observations["cell"].shape == (8, 1)
-    assert batch.next_observations["cell"].shape == (8, 1)
-    b.close()
-
-
 def test_sb3_sampling_of_dict_observations_equals_sb3s_dict_buffer(tmp_path):
-    """Dict observations, the newest steps' pending next_obs included: every batch equals SB3's own."""
+    """Dict observations, the newest steps' pending next_obs included: every batch equals SB3's own,
+    as SB3's ``DictReplayBufferSamples`` with its shapes."""
     from stable_baselines3.common.buffers import DictReplayBuffer
+    from stable_baselines3.common.type_aliases import DictReplayBufferSamples
 
     obs_space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "cell": spaces.Discrete(5)})
     theirs = DictReplayBuffer(100, obs_space, spaces.Discrete(3), "cpu", n_envs=2)
@@ -370,6 +350,9 @@ def test_sb3_sampling_of_dict_observations_equals_sb3s_dict_buffer(tmp_path):
             np.testing.assert_array_equal(b.next_observations[k].numpy(), a.next_observations[k].numpy())
         np.testing.assert_array_equal(b.actions.numpy(), a.actions.numpy())
         np.testing.assert_array_equal(b.dones.numpy(), a.dones.numpy())
+    assert isinstance(b, DictReplayBufferSamples)
+    assert b.observations["pos"].shape == (16, 2) and b.observations["cell"].shape == (16, 1)
+    assert b.next_observations["cell"].shape == (16, 1)
     ours.close()
 
 
