@@ -188,3 +188,41 @@ def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_
         nbad += located
         i += k
     return stop if first_only else nbad
+
+
+
+# -- the writer's side: stamping a commit group and checking copied floats ---------------------
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def stamp_rows(stamps, data, words, records_offset, rec_bytes, mults, first_seq, start, stop,
+               tail):  # pragma: no cover - compiled
+    """Write the stamps of rows ``[start, stop)`` (their records written first), as format 2 has
+    them: word 0 is row number ``first_seq + j + 1``'s low 32 bits and above them the row's
+    ``row_digest``, word 1 the group's crc and length (``tail``). ``stamps``: the stamp column as
+    (rows, 2) uint64; ``data``/``words``: the whole segment file as bytes and as uint64."""
+    whole = (records_offset | rec_bytes) & 7 == 0  # then read as words here (a third of the time)
+    nw = mults.shape[0]
+    for j in range(start, stop):
+        lo = records_offset + j * rec_bytes
+        if whole:
+            h = np.uint64(0)
+            base = lo >> 3
+            for w in range(nw):
+                h += words[base + w] * mults[w]
+            h >>= np.uint64(32)
+        else:
+            h = row_digest(data, words, lo, rec_bytes, mults)
+        stamps[j, 0] = (np.uint64(first_seq + j + 1) & np.uint64(0xFFFFFFFF)) | (h << np.uint64(32))
+        stamps[j, 1] = tail
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def rows_finite(run, start, stop):  # pragma: no cover - compiled
+    """Whether rows ``[start, stop)`` of a float run (rows × floats, any strides) hold only
+    finite values: ``x - x`` is 0 for a finite ``x``, NaN for an infinity or a NaN."""
+    for i in range(start, stop):
+        z = run[i, 0] - run[i, 0]
+        for j in range(1, run.shape[1]):
+            z += run[i, j] - run[i, j]
+        if z != 0:
+            return False
+    return True

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ..core.schema import Schema
     from .format import Layout
@@ -39,12 +39,11 @@ class StepSpec:
             (f.name, f.dtype.itemsize < 8, (1 if not f.shape else 2) if f.dtype.kind == "f"
              and lanes * int(np.prod(f.shape)) <= 64 else 0)
             for f in schema.fields if f.dtype.kind in "fc"]
-        # per field of a single-lane row, how its value's floats are checked: 0 not at all, 1 a
-        # scalar, 2 a few values summed as Python floats, 3 a reduction
-        self.row_specs = None if lanes != 1 or any(f.dtype.kind == "c" for f in schema.fields) else [
-            (n, dtype, shape, 0 if dtype.kind != "f" or not check else 1 if len(shape) == 1 else
-             2 if len(shape) == 2 and shape[1] <= 64 else 3)
-            for n, dtype, shape in self.specs]
+        self.row_parts: Callable[[Mapping[str, Any]], list[Any] | None] | None = None
+        """A single-lane step as its record's bytes (see ``_row_parts``); ``None``: not available."""
+        if lanes == 1 and not any(f.dtype.kind == "c" for f in schema.fields) and all(
+                schema[n].dtype == np.bool_ for n in ("terminated", "truncated") if n in schema):
+            self.row_parts, self.row_is_last, self.row_done = _row_parts(schema, layout, check)
 
     def exact(self, data: Mapping[str, Any], floats: bool) -> Mapping[str, Any] | None:
         """``data`` if it is one step exactly as stored (every field, exact dtypes and shapes, and
@@ -65,19 +64,50 @@ class StepSpec:
                 return None
         return data
 
-    def row_values(self, data: Mapping[str, Any]) -> list[Any] | None:
-        """A single-lane step's values in record order (``is_last`` not among them), if the step
-        is exact with finite floats; else ``None``. Needs ``row_specs`` (one lane, no complex field)."""
-        if len(data) != self.nfields:
-            return None
-        vals = []
-        for name, dtype, shape, floats in self.row_specs:  # type: ignore[union-attr]
-            x = data.get(name)
-            if type(x) is not np.ndarray or x.dtype is not dtype or x.shape != shape:
-                return None
-            v = x[0]
-            if floats and not math.isfinite(v if floats == 1 else sum(v.tolist()) if floats == 2 else
-                                            float(np.add.reduce(v, axis=None, dtype=np.float64))):
-                return None
-            vals.append(v)
-        return vals
+
+def _row_parts(schema: Schema, layout: Layout, check: bool) -> tuple[Callable[..., Any], int, tuple[int, ...]]:
+    """Compile, for this schema, the check of a single-lane step that returns its record as bytes.
+
+    The returned function takes the step's mapping and returns, per record field in offset order,
+    the padding before it and the field's bytes (``None`` in place of ``is_last``, which the
+    writer fills), then the record's tail padding: one ``b"".join`` is the record. It returns
+    ``None`` unless every field is there with its exact dtype and shape (lanes = 1) and every
+    float is finite, so the general path casts or explains. Written out per schema, one check
+    per field and no loop (a loop over a field table cost twice as much per ``add``), like
+    ``dataclasses`` writes ``__init__``; only constants bound as arguments enter the code.
+    Also returned: the index of ``is_last`` in the parts, and of ``terminated``/``truncated``."""
+    rec = layout.record_dtype
+    env: dict[str, Any] = {"_nd": np.ndarray, "_isf": math.isfinite, "_reduce": np.add.reduce, "_f64": np.float64}
+    checks, floats, parts = [], [], []
+    end, is_last, done = 0, -1, []
+    for name in sorted(rec.names, key=lambda n: rec.fields[n][1]):
+        off = rec.fields[name][1]
+        if off > end:
+            env[f"_g{len(parts)}"] = bytes(off - end)
+            parts.append(f"_g{len(parts)}")
+        end = off + rec.fields[name][0].itemsize
+        if name not in schema:  # is_last
+            is_last = len(parts)
+            parts.append("None")
+            continue
+        f, k = schema[name], len(checks)
+        env[f"_d{k}"], env[f"_s{k}"] = f.dtype, (1, *f.shape)
+        checks.append(f"    x{k} = data.get({name!r})\n"
+                      f"    if type(x{k}) is not _nd or x{k}.dtype is not _d{k} or x{k}.shape != _s{k}:\n"
+                      f"        return None\n")
+        if check and f.dtype.kind == "f":
+            size = int(np.prod(f.shape, dtype=np.int64))
+            floats.append(f"x{k}[0]" if not f.shape else f"sum(x{k}[0].tolist())" if len(f.shape) == 1 and size <= 64
+                          else f"float(_reduce(x{k}, axis=None, dtype=_f64))")
+        if name in ("terminated", "truncated"):
+            done.append(len(parts))
+        parts.append(f"x{k}.tobytes()")
+    if end < rec.itemsize:
+        env["_tail"] = bytes(rec.itemsize - end)
+        parts.append("_tail")
+    src = (f"def row_parts(data):\n    if len(data) != {len(checks)}:\n        return None\n" + "".join(checks)
+           + "".join(f"    if not _isf({e}):\n        return None\n" for e in floats)
+           + f"    return [{', '.join(parts)}]\n")
+    exec(compile(src, f"<mmreplay row_parts of schema {schema.hash:x}>", "exec"), env)  # noqa: S102 - code from constants
+    return env["row_parts"], is_last, tuple(done)
+

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import IS_LAST, Header, Layout, digest_multipliers
+from .format import IS_LAST, Header, Layout, digest_multipliers, kernel
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -49,18 +49,6 @@ log = logging.getLogger(__name__)
 SYNC_CHECK_BYTES = 64 << 20
 """Pending checks up to this many bytes run in the refreshing thread (about 0.1 s from a cold
 disk of this machine kind); more go to the background thread."""
-
-_K: Any = None
-
-
-def _kernel() -> Any:
-    global _K
-    if _K is None:
-        from . import _checkkernel
-
-        _K = _checkkernel
-    return _K
-
 
 def identity(st: os.stat_result) -> tuple[int, int, int, int]:
     """The identity a check is remembered for: inode, size, mtime and ctime (ns)."""
@@ -80,7 +68,7 @@ def scan(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, s
     """Damaged rows of ``[start, stop)`` as a bool mask over the segment's slots, or with
     ``first_only`` the first damaged slot (``stop`` if none). ``stamps``: the segment's stamp
     column; ``data``: a buffer of the whole file."""
-    k = _kernel()
+    k = kernel()
     buf = np.frombuffer(data, np.uint8)
     bad = np.zeros(layout.segment_records, np.uint8)
     mults = digest_multipliers(-(-layout.record_bytes // 8))

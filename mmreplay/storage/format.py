@@ -36,6 +36,7 @@ array (see ``reader.py``).
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -319,3 +320,20 @@ def row_digests(view: Any, layout: Layout, start: int, stop: int) -> np.ndarray:
         padded[:, :rec] = raw
         raw = padded
     return np.dot(raw.view("<u8"), digest_multipliers(words)) >> np.uint64(32)
+
+
+_K: Any = None
+
+
+def kernel(load: bool = True) -> Any:
+    """The compiled check and stamping kernels (``_checkkernel``), loaded on first use: ``import
+    mmreplay`` does not load numba. ``load=False``: ``None`` unless numba is already loaded in this
+    process (then loading the kernels costs little; loading numba itself costs ~0.5 s)."""
+    global _K
+    if _K is None:
+        if not load and "numba" not in sys.modules:
+            return None
+        from . import _checkkernel
+
+        _K = _checkkernel
+    return _K

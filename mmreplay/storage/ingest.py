@@ -97,8 +97,7 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
         crc = group_seed(header, 0, seq1, n)
         lo, hi = store.layout.records_span(0, n)
         crc = _crc32c.crc32c(seg.view[lo:hi], crc)
-        seg.stamp_seqs(0, n)
-        seg.stamp_tail[:n] = np.uint64(crc | (n << 32))
+        seg.stamp(0, n, crc | (n << 32))
         off = store.layout.stamps_offset
         seal_crc = _crc32c.crc32c(seg.view[off : off + 16 * n])
         seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seal_crc)

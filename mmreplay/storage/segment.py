@@ -19,6 +19,7 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -35,7 +36,6 @@ from .format import (
     DATA_OFFSET as DATA_OFFSET_PAGE,
     IS_LAST,
     PAGE_SIZE,
-    SEQ_MASK,
     STAMPS,
     STATE_OPEN,
     Control,
@@ -43,6 +43,8 @@ from .format import (
     Layout,
     crc32c,
     digest_multipliers,
+    SEQ_MASK,
+    kernel,
     read_control,
     row_digests,
 )
@@ -121,41 +123,52 @@ class Segment:
         self.is_last = self.columns.pop(IS_LAST)
         self.records = np.ndarray((layout.segment_records,), layout.record_dtype, buffer=self.mm,
                                   offset=layout.records_offset)
-        # the records as 64-bit words, for the row digests (``format.row_digests``), when whole words
-        self.record_words = None if layout.record_bytes % 8 else np.ndarray(
-            (layout.segment_records, layout.record_bytes // 8), np.dtype("<u8"), buffer=self.mm,
-            offset=layout.records_offset)
         self._mults = digest_multipliers(-(-layout.record_bytes // 8))
+        # the whole file as bytes and as 64-bit words, and the stamps as (rows, 2) words: what the
+        # compiled stamping reads and writes (``stamp``)
+        self.bytes = np.ndarray((layout.file_size,), np.uint8, buffer=self.mm)
+        self.words = np.ndarray((layout.file_size // 8,), np.dtype("<u8"), buffer=self.mm)
+        self.stamp_words = np.ndarray((layout.segment_records, 2), np.dtype("<u8"), buffer=self.mm,
+                                      offset=layout.stamps_offset)
         # one 2D view per contiguous run of float fields, for finiteness checks of written rows
         self.float_runs = [
             np.ndarray((layout.segment_records, n), dt, buffer=self.mm, offset=layout.records_offset + off,
                        strides=(layout.record_bytes, dt.itemsize))
             for dt, off, n in layout.float_runs
         ]
-        # (view, small): a few floats sum faster as Python floats than through a numpy reduction
-        self.float_checks = [(v, v.shape[1] <= 64) for v in self.float_runs]
-        self.stamp_seq = self.stamps["seq"]
-        # crc (low 32 bits) and group length (high 32 bits) as one little-endian u64 per row
-        self.stamp_tail = np.ndarray((layout.segment_records,), np.dtype("<u8"), buffer=self.mm,
-                                     offset=layout.stamps_offset + 8, strides=(16,))
         self.view = memoryview(self.mm)
         self.dir_synced = False  # the directory entry is known to be on disk
 
-    def stamp_seqs(self, start: int, stop: int) -> None:
-        """Write the ``seq`` field of rows ``[start, stop)``'s stamps as format 2 has it: the row
-        number's low 32 bits, and above them the row's digest (``format.row_digests``: one
-        ``numpy.dot`` over the record words). Each word is stored once, whole: a reader's
-        visibility probe reads it. The records must be written first."""
+    def stamp(self, start: int, stop: int, tail: int) -> None:
+        """Write the stamps of rows ``[start, stop)`` as format 2 has them (their records written
+        first): each row's number (low 32 bits) and digest (``format.row_digests``) in word 0,
+        ``tail`` (the commit group's crc and length) in word 1. Each word is stored once, whole: a
+        reader's visibility probe reads it. One compiled call (``_checkkernel.stamp_rows``) once
+        numba is loaded in this process (a writer of several lanes loads it when it opens), else
+        numpy (~20 ns a row: a single-lane writer's groups are small or rare)."""
+        lay, k = self.layout, kernel(load=False)
+        if k is not None:
+            k.stamp_rows(self.stamp_words, self.bytes, self.words, lay.records_offset, lay.record_bytes,
+                         self._mults, self.header.first_seq, start, stop, np.uint64(tail))
+            return
         first = self.header.first_seq
         word = np.arange(first + start + 1, first + stop + 1, dtype=np.uint64)
-        if first + stop >= SEQ_MASK:  # past 2**32 rows in one session
-            np.bitwise_and(word, np.uint64(SEQ_MASK), out=word)
-        if self.record_words is None:
-            digests = row_digests(self.view, self.layout, start, stop) << np.uint64(32)
-        else:
-            digests = np.dot(self.record_words[start:stop], self._mults)
-            np.bitwise_and(digests, np.uint64(0xFFFFFFFF00000000), out=digests)
-        self.stamp_seq[start:stop] = np.bitwise_or(word, digests, out=word)
+        np.bitwise_and(word, np.uint64(SEQ_MASK), out=word)
+        np.bitwise_or(word, row_digests(self.view, lay, start, stop) << np.uint64(32), out=word)
+        self.stamp_words[start:stop, 0] = word
+        self.stamp_words[start:stop, 1] = tail
+
+    def rows_finite(self, start: int, stop: int) -> bool:
+        """Whether rows ``[start, stop)`` hold only finite floats (every float run checked; compiled
+        once numba is loaded in this process, as ``stamp``)."""
+        k = kernel(load=False)
+        for run in self.float_runs:
+            if k is not None and run.dtype.itemsize >= 4:
+                if not k.rows_finite(run, start, stop):
+                    return False
+            elif not math.isfinite(float(np.add.reduce(run[start:stop], axis=None, dtype=np.float64).real)):
+                return False  # (a finite sum that overflowed sends the step to the full validation)
+        return True
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -273,9 +286,8 @@ class Segment:
         if self.mm.closed:
             return
         self.columns.clear()
-        del self.stamps, self.is_last, self.stamp_seq, self.stamp_tail, self.records, self.record_words
+        del self.stamps, self.is_last, self.records, self.bytes, self.words, self.stamp_words
         self.float_runs.clear()
-        self.float_checks.clear()
         self.view.release()
         self.mm.close()
 

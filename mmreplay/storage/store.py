@@ -245,7 +245,7 @@ class ReplayStore:
         durability: Durability = "segment",
         cast: Literal["no", "safe", "same_kind"] = "no",
         nonfinite: Literal["error", "warn", "allow"] = "error",
-        publish_rows: int = 64,
+        publish_rows: int = 1024,
         publish_interval_s: float = 0.005,
     ) -> Writer:
         """Open a writer session with ``lanes`` parallel environments (one per vector-env copy).

@@ -7,19 +7,18 @@ segment). ``is_last`` is derived: the row after a ``terminated``/``truncated`` r
 that episode's final observation, which is what gymnasium's default next-step autoreset
 returns, so the plain vector-env loop stores episodes RLDS/Minari style (T+1 observations).
 
-Append protocol: validate the whole batch (nothing written on error);
-allocate every segment the batch will need (a full disk fails here, before any write); copy the
-payload into the records; then, per commit group, write the stamps (seq and row digest, group
-crc, group length) and only then publish the new committed count in the control slot. One
-crc32c call and one digest ``numpy.dot`` per commit group, no Python loop per row or lane.
+Append protocol: validate the whole batch (nothing written on error); allocate every segment
+the batch will need (a full disk fails here, before any write); copy the payload into the
+records; then, per commit group, write the stamps (one compiled call: row numbers, row digests,
+group crc and length) and only then publish the new committed count in the control slot. One
+crc32c call and one stamping call per commit group, no Python loop per row or lane.
 
 Group commit. Rows are stamped and published in groups: at once when ``publish_rows`` (default
-64) rows are waiting or the segment is full, otherwise by a background publisher thread at most
-``publish_interval_s`` (default 5 ms) after they were added, and always by ``publish()``,
+1,024) rows are waiting or the segment is full, otherwise by a background publisher thread at
+most ``publish_interval_s`` (default 5 ms) after they were added, and always by ``publish()``,
 ``flush()``, ``close()`` and by a ``refresh()`` of the writer's own store handle (so a learner
-sampling through the same handle sees every row it added). A vector step of 64 lanes or more
-is published by the ``add`` that wrote it; small adds share the cost of stamping and
-publishing, which makes a single-row ``add`` about as cheap as an append to a numpy array.
+sampling through the same handle sees every row it added). A single-row ``add`` of a step as it
+usually comes is one generated check and one copy of the record's bytes (``_steps.py``).
 
 Durability (``durability=``), what each level guarantees:
 
@@ -48,7 +47,6 @@ once (the kernel drops its ``flock``).
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import secrets
 import threading
@@ -59,7 +57,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ..core import failpoint as _failpoint
-from .format import STATE_SEALED, group_seed
+from .format import STATE_SEALED, group_seed, kernel
 from ._supply import SegmentSupply
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
@@ -109,7 +107,7 @@ class Writer:
         durability: Durability,
         cast: Literal["no", "safe", "same_kind"],
         nonfinite: Literal["error", "warn", "allow"],
-        publish_rows: int = 64,
+        publish_rows: int = 1024,
         publish_interval_s: float = 0.005,
     ) -> None:
         self.store = store
@@ -159,12 +157,16 @@ class Writer:
             self._publisher.start()
         # a step as it usually comes (exact dtypes, shapes, finite floats) is checked without copies
         self._steps = StepSpec(self.schema, self.layout, self.lanes, nonfinite)
-        self._row_specs = self._steps.row_specs if self._has_done else None  # single-lane rows: _add_row
+        self._row_parts = self._steps.row_parts if self._has_done else None  # single-lane rows: _add_row
+        self._rec0, self._rec_bytes = self.layout.records_offset, self.layout.record_bytes
         self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
         try:  # the first segment is made now, the next ones as the previous is taken (_supply.py)
             with self._mutex:  # once this one is half full (a short session never makes a spare)
                 self._roll()
+                if self.lanes > 1 and kernel():  # load the compiled stamping and float checks now, not in an add
+                    self._seg.stamp(0, 0, 0)
+                    self._seg.rows_finite(0, 0)
         except BaseException:
             self.close()
             raise
@@ -182,7 +184,7 @@ class Writer:
         or ``InvalidValueError`` before writing anything if a field is wrong.
         """
         data = fields if batch is None else ({**batch, **fields} if fields else batch)
-        if self._row_specs is None or not self._add_row(data):
+        if self._row_parts is None or not self._add_row(data):
             self._append(data, True)
 
     def add_batch(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
@@ -268,23 +270,20 @@ class Writer:
     @property
     def last_row_id(self) -> int:
         """Global row id of the newest row written (the last lane's row of the newest step); -1 if none."""
-        seg = self._seg
-        return -1 if seg is None or self._n == 0 else seg.header.segment_id * self.layout.segment_records + self._n - 1
+        return -1 if (seg := self._seg) is None or self._n == 0 else seg.header.segment_id * self.layout.segment_records + self._n - 1
 
     def stats(self) -> dict[str, Any]:
         """This session as tools and tests see it: the open segment (chain index, rows), rows not
         yet published, whether the next segment is ordered, and the publisher thread's state."""
         with self._mutex:
-            seg = self._seg
             return {"writer_id": self.writer_id, "lanes": self.lanes, "rows_written": self.rows_written,
-                    "segment_chain_index": None if seg is None else seg.header.chain_index,
+                    "segment_chain_index": None if (seg := self._seg) is None else seg.header.chain_index,
                     "segment_rows": self._n, "unpublished_rows": self._n - self._pub if seg else 0,
                     "next_segment_ordered": not self._supply.idle, "publisher_waiting": self._wake.is_set(),
                     "publisher_alive": self._publisher is not None and self._publisher.is_alive()}
 
     def release_spares(self) -> None:
-        """Give back the segments made ahead of need now (their disk space is freed at once; the
-        next roll then makes its segment itself)."""
+        """Give back the segments made ahead of need now (the next roll makes its segment itself)."""
         with self._mutex:
             self._supply.drop_spares()
 
@@ -299,20 +298,22 @@ class Writer:
 
     def _add_row(self, data: Mapping[str, Any]) -> bool:
         """Append one single-lane step as it usually comes (every field, exact dtypes and shapes,
-        finite floats) into the open segment: one structured record assignment, then the same
+        finite floats) into the open segment: its record's bytes copied in at once, then the same
         ``_after_write`` as every append. False (nothing written): the general path handles it."""
         if (self._pid != _PID[0] or self._closed or self._failed is not None
-                or (vals := self._steps.row_values(data)) is None):
+                or (parts := self._row_parts(data)) is None):
             return False
         with self._mutex:
             seg, n = self._seg, self._n
             if seg is None or n >= self.usable:
                 return False  # a roll first: the general path
-            vals.insert(self._steps.is_last_pos, self._prev_done is _DONE or bool(self._prev_done[0]))
+            steps, pd = self._steps, self._prev_done  # pd: _DONE / _NOT_DONE, or an array after the general path
+            parts[steps.row_is_last] = b"\x00" if pd is _NOT_DONE or (pd is not _DONE and not pd[0]) else b"\x01"
             try:
-                seg.records[n] = tuple(vals)
+                seg.mm[(lo := self._rec0 + n * self._rec_bytes) : lo + self._rec_bytes] = b"".join(parts)
                 self._n = n + 1
-                self._prev_done = _DONE if data["terminated"][0] or data["truncated"][0] else _NOT_DONE
+                t, r = steps.row_done  # terminated, truncated: one byte each
+                self._prev_done = _NOT_DONE if parts[t] == parts[r] == b"\x00" else _DONE
                 if _failpoint.ACTIVE:
                     _failpoint.hit("after_payload")
                 self._after_write(seg)  # the one publish / seal / next-segment policy
@@ -410,8 +411,7 @@ class Writer:
                     for name, x in flat.items():
                         cols[name][n : n + k] = x if whole else x[pos : pos + k]
                     seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
-                    if post and not all(math.isfinite(float(np.add.reduce(r[n : n + k], axis=None, dtype=np.float64)))
-                                        for r in seg.float_runs):
+                    if post and not seg.rows_finite(n, n + k):
                         seg.records[n : n + k] = self._zero_record  # never counted, never published
                         raise _NonFinite
                 self._n = n + k
@@ -430,11 +430,11 @@ class Writer:
         now = time.monotonic()
         if self._staged_at == 0.0:
             self._staged_at = now  # the oldest unpublished row's time
-        # the next segment is made (pre-faulted in the background): from half of the first one (a short session
-        # makes no spare), then as soon as a segment is taken (a whole segment's time to make the
-        # next one); rows are published first, so the eviction it runs counts every row written
-        order_next = (2 * n >= self.usable or seg.header.chain_index > 0) and self._supply.idle
-        if (order_next or n == self.usable or n - self._pub >= self._pub_rows or self.durability == "batch"
+        # the next segment is ordered (``_order_at``) from half of the first one (a short session makes no
+        # spare), then as soon as a segment is taken (a whole segment's time to make it); rows are
+        # published first, so the eviction it runs counts every row written
+        order_next = n >= self._order_at and self._supply.idle
+        if (order_next or n == self.usable or n - self._pub >= self._pub_rows
                 or now - self._staged_at >= self.publish_interval_s):  # rows waited long enough
             self._publish()
             if n == self.usable:
@@ -443,6 +443,7 @@ class Writer:
             self._wake.set()  # the publisher publishes these rows if no add comes within the interval
         if order_next:
             self._supply.prefetch()
+            self._order_at = self.usable + 1  # ordered: the supply is busy until the next roll
         self.store._dirty = True
 
     def _publish(self) -> None:
@@ -456,8 +457,7 @@ class Writer:
         crc = group_seed(seg.header, p, seq0 + 1, k)
         lo, hi = self.layout.records_span(p, n)
         crc = _extend(seg.view[lo:hi], crc)
-        seg.stamp_seqs(p, n)  # row numbers and row digests (format 2)
-        seg.stamp_tail[p:n] = crc | (k << 32)
+        seg.stamp(p, n, crc | (k << 32))  # row numbers, row digests (format 2), the group's crc and length
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")
         if self.durability == "batch":
@@ -479,6 +479,7 @@ class Writer:
             self._supply.retire(self._seg)
         self._seg = nxt
         self._n = self._synced = self._pub = 0
+        self._order_at = 0 if nxt.header.chain_index > 0 else -(-self.usable // 2)
         self.store._need_scan = True
 
     def _seal(self, seg: Segment) -> None:  # SEALED: immutable from now on, evictable, catalogued

@@ -138,7 +138,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_data(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            if (p / "segments").is_dir():
+            if (p / "STORE.json").is_file():  # written (atomically) last by create_store
                 with mmreplay.open_store(p, mode="r") as s:
                     if s.num_rows > 2000:
                         break

@@ -294,7 +294,7 @@ def _as_format_1(seg_path: Path, layout) -> None:
         uuid, shash = s.store_uuid, s.schema.hash
     seg = Segment.open_rw(seg_path, layout, uuid, shash)
     n = seg.control.committed
-    seg.stamp_seq[:n] = np.arange(h.first_seq + 1, h.first_seq + n + 1, dtype=np.uint64)
+    seg.stamps["seq"][:n] = np.arange(h.first_seq + 1, h.first_seq + n + 1, dtype=np.uint64)
     seg.publish(n, state=STATE_SEALED, seal_crc=crc32c.crc32c(seg.view[layout.stamps_offset:][: 16 * n]))
     seg.close()
 
