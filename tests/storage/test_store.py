@@ -138,26 +138,31 @@ def test_end_episodes_ends_every_lane_and_keeps_writing(store):
     assert store.info()["episodes_incomplete"] >= 2  # the two end_episodes ended (no flag)
 
 
-def test_bad_input_writes_nothing(store):
-    w = store.writer(lanes=2)
-    w.add(**step(2, 0))
+@pytest.mark.parametrize("lanes", [1, 2])  # one lane: the generated single-row check (_steps.row_parts)
+def test_bad_input_writes_nothing(store, lanes):
+    L = lanes
+    w = store.writer(lanes=L)
+    w.add(**step(L, 0))
     w.flush()
     store.refresh()
     before = (store.num_rows, _tree_digest(store.path))
     bad = [
-        {**step(2, 1), "obs": np.zeros((2, 4), np.float32)},
-        {**step(2, 1), "reward": np.array([1.0, np.nan], np.float32)},
-        {**step(2, 1), "action": np.zeros(2, np.float64)},
-        {k: v for k, v in step(2, 1).items() if k != "reward"},
-        {**step(2, 1), "extra": np.zeros(2)},
-        {**step(2, 1), "reward": np.zeros(3, np.float32)},
+        {**step(L, 1), "obs": np.zeros((L, 4), np.float32)},
+        {**step(L, 1), "reward": np.array([1.0, np.nan][-L:], np.float32)},
+        {**step(L, 1), "obs": np.where(np.arange(3 * L).reshape(L, 3) == 3 * L - 1, np.inf, 0).astype(np.float32)},
+        {**step(L, 1), "action": np.zeros(L, np.float64)},
+        {**step(L, 1), "terminated": np.zeros(L, np.uint8)},
+        {k: v for k, v in step(L, 1).items() if k != "reward"},
+        {**step(L, 1), "extra": np.zeros(L)},
+        {**step(L, 1), "reward": np.zeros(L + 1, np.float32)},
+        {**step(L, 1), "obs": step(L, 1)["obs"].tolist()},
     ]
     for b in bad:
         with pytest.raises((SchemaError, InvalidValueError)):
             w.add(**b)
     store.refresh()
     assert (store.num_rows, _tree_digest(store.path)) == before
-    w.add(**step(2, 1))  # the writer still works after refused batches
+    w.add(**step(L, 1))  # the writer still works after refused batches
     w.close()
 
 
