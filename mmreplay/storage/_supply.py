@@ -16,8 +16,8 @@ Neither may stall the append path, and neither may take the GIL back and forth w
   2-core VM that cost the appending thread ~30 ms per segment, while making a segment on the
   spot costs it ~2 ms (ad-hoc timings behind ``python benchmarks/collect.py``'s storing
   overhead). Pre-faulting is dominated by the kernel (~7 ms for 6 MiB) and is one call;
-* ``next()`` hands out segments in chain order, waiting for a segment's pre-faulting only if it is
-  not over yet; ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans
+* ``next()`` hands out segments in chain order, without waiting for a segment's pre-faulting (a
+  page it has not reached yet faults on first write); ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans
   segments fails on a full disk *before* any of it is written;
 * ``retire(seg)`` closes a sealed segment: its mapping is dropped on the writer's thread, then for
   ``segment`` durability the file is made durable in a background thread (a few system calls;
@@ -143,9 +143,12 @@ class SegmentSupply:
             self._next_chain += 1
 
     def next(self) -> Segment:
-        """The session's next segment, in chain order (pre-faulted)."""
+        """The session's next segment, in chain order. Its pre-faulting may still be running: the
+        writer does not wait for it (a page not reached yet faults on first write, as without it;
+        a fast writer fills a segment in about the time a background thread takes to get the GIL,
+        pre-fault and get the GIL back), and ``retire`` waits for it before the mapping goes."""
         self.ensure(1)
-        return self._faulted(self._ready.popleft())
+        return self._ready.popleft()
 
     def _faulted(self, seg: Segment) -> Segment:
         """``seg`` once its background pre-faulting is over (it usually is, long before)."""
@@ -157,6 +160,7 @@ class SegmentSupply:
     # -- retiring -------------------------------------------------------------------------
     def retire(self, seg: Segment) -> None:
         """Close a sealed segment, durably unless ``durability="process"``, then catalogue it."""
+        self._faulted(seg)  # (its mapping is dropped below)
         reader = self.store.reader
         if reader is not None and reader.checker is not None:
             reader.checker.written_here(seg.path.name)  # this handle's samplers need not check it
@@ -225,10 +229,9 @@ class SegmentSupply:
         finally:
             self._catalogue_closed()
 
-    @staticmethod
-    def discard(seg: Segment) -> None:
+    def discard(self, seg: Segment) -> None:
         """Delete a segment that never held a row (``.deleted`` rename first, like eviction)."""
-        path = seg.path
+        path = self._faulted(seg).path
         seg.close()
         doomed = path.with_name(path.name + ".deleted")
         os.rename(path, doomed)
@@ -254,4 +257,4 @@ class SegmentSupply:
         except Exception:  # noqa: S110 - a spare that failed to be made holds no data
             pass
         while self._ready:
-            self.discard(self._faulted(self._ready.popleft()))
+            self.discard(self._ready.popleft())
