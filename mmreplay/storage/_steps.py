@@ -39,11 +39,14 @@ class StepSpec:
             (f.name, f.dtype.itemsize < 8, (1 if not f.shape else 2) if f.dtype.kind == "f"
              and lanes * int(np.prod(f.shape)) <= 64 else 0)
             for f in schema.fields if f.dtype.kind in "fc"]
-        self.row_parts: Callable[[Mapping[str, Any]], list[Any] | None] | None = None
-        """A single-lane step as its record's bytes (see ``_row_parts``); ``None``: not available."""
+        self.row_bytes: Callable[[Mapping[str, Any], bytes], bytes | None] | None = None
+        """A single-lane step as its record's bytes (see ``_row_bytes``); ``None``: not available."""
         if lanes == 1 and not any(f.dtype.kind == "c" for f in schema.fields) and all(
                 schema[n].dtype == np.bool_ for n in ("terminated", "truncated") if n in schema):
-            self.row_parts, self.row_is_last, self.row_done = _row_parts(schema, layout, check)
+            self.row_bytes = _row_bytes(schema, layout, check)
+            rec = layout.record_dtype
+            self.row_done = (rec.fields["terminated"][1], rec.fields["truncated"][1])
+            """Where ``terminated`` and ``truncated`` sit in the record (one byte each)."""
 
     def exact(self, data: Mapping[str, Any], floats: bool) -> Mapping[str, Any] | None:
         """``data`` if it is one step exactly as stored (every field, exact dtypes and shapes, and
@@ -65,21 +68,20 @@ class StepSpec:
         return data
 
 
-def _row_parts(schema: Schema, layout: Layout, check: bool) -> tuple[Callable[..., Any], int, tuple[int, ...]]:
+def _row_bytes(schema: Schema, layout: Layout, check: bool) -> Callable[..., Any]:
     """Compile, for this schema, the check of a single-lane step that returns its record as bytes.
 
-    The returned function takes the step's mapping and returns, per record field in offset order,
-    the padding before it and the field's bytes (``None`` in place of ``is_last``, which the
-    writer fills), then the record's tail padding: one ``b"".join`` is the record. It returns
-    ``None`` unless every field is there with its exact dtype and shape (lanes = 1) and every
-    float is finite, so the general path casts or explains. Written out per schema, one check
-    per field and no loop (a loop over a field table cost twice as much per ``add``), like
-    ``dataclasses`` writes ``__init__``; only constants bound as arguments enter the code.
-    Also returned: the index of ``is_last`` in the parts, and of ``terminated``/``truncated``."""
+    The returned function takes the step's mapping and the ``is_last`` byte, and returns the
+    record: per record field in offset order the padding before it and the field's bytes, then the
+    record's tail padding, in one ``b"".join``. It returns ``None`` unless every field is there
+    with its exact dtype and shape (lanes = 1) and every float is finite, so the general path
+    casts or explains. Written out per schema, one check per field and no loop (a loop over a
+    field table cost twice as much per ``add``), like ``dataclasses`` writes ``__init__``; only
+    constants bound by name enter the code."""
     rec = layout.record_dtype
     env: dict[str, Any] = {"_nd": np.ndarray, "_isf": math.isfinite, "_reduce": np.add.reduce, "_f64": np.float64}
     checks, floats, parts = [], [], []
-    end, is_last, done = 0, -1, []
+    end = 0
     for name in sorted(rec.names, key=lambda n: rec.fields[n][1]):
         off = rec.fields[name][1]
         if off > end:
@@ -87,8 +89,7 @@ def _row_parts(schema: Schema, layout: Layout, check: bool) -> tuple[Callable[..
             parts.append(f"_g{len(parts)}")
         end = off + rec.fields[name][0].itemsize
         if name not in schema:  # is_last
-            is_last = len(parts)
-            parts.append("None")
+            parts.append("is_last")
             continue
         f, k = schema[name], len(checks)
         env[f"_d{k}"], env[f"_s{k}"] = f.dtype, (1, *f.shape)
@@ -99,15 +100,13 @@ def _row_parts(schema: Schema, layout: Layout, check: bool) -> tuple[Callable[..
             size = int(np.prod(f.shape, dtype=np.int64))
             floats.append(f"x{k}[0]" if not f.shape else f"sum(x{k}[0].tolist())" if len(f.shape) == 1 and size <= 64
                           else f"float(_reduce(x{k}, axis=None, dtype=_f64))")
-        if name in ("terminated", "truncated"):
-            done.append(len(parts))
         parts.append(f"x{k}.tobytes()")
     if end < rec.itemsize:
         env["_tail"] = bytes(rec.itemsize - end)
         parts.append("_tail")
-    src = (f"def row_parts(data):\n    if len(data) != {len(checks)}:\n        return None\n" + "".join(checks)
+    src = (f"def row_bytes(data, is_last):\n    if len(data) != {len(checks)}:\n        return None\n" + "".join(checks)
            + "".join(f"    if not _isf({e}):\n        return None\n" for e in floats)
-           + f"    return [{', '.join(parts)}]\n")
-    exec(compile(src, f"<mmreplay row_parts of schema {schema.hash:x}>", "exec"), env)  # noqa: S102 - code from constants
-    return env["row_parts"], is_last, tuple(done)
+           + f"    return b''.join(({', '.join(parts)},))\n")
+    exec(compile(src, f"<mmreplay row_bytes of schema {schema.hash:x}>", "exec"), env)  # noqa: S102 - code from constants
+    return env["row_bytes"]
 

@@ -157,7 +157,8 @@ class Writer:
             self._publisher.start()
         # a step as it usually comes (exact dtypes, shapes, finite floats) is checked without copies
         self._steps = StepSpec(self.schema, self.layout, self.lanes, nonfinite)
-        self._row_parts = self._steps.row_parts if self._has_done else None  # single-lane rows: _add_row
+        self._row_bytes = self._steps.row_bytes if self._has_done else None  # single-lane rows: _add_row
+        self._term_at, self._trunc_at = self._steps.row_done if self._row_bytes else (0, 0)
         self._rec0, self._rec_bytes = self.layout.records_offset, self.layout.record_bytes
         self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
@@ -184,7 +185,7 @@ class Writer:
         or ``InvalidValueError`` before writing anything if a field is wrong.
         """
         data = fields if batch is None else ({**batch, **fields} if fields else batch)
-        if self._row_parts is None or not self._add_row(data):
+        if self._row_bytes is None or not self._add_row(data):
             self._append(data, True)
 
     def add_batch(self, batch: Mapping[str, Any] | None = None, /, **fields: Any) -> None:
@@ -300,20 +301,18 @@ class Writer:
         """Append one single-lane step as it usually comes (every field, exact dtypes and shapes,
         finite floats) into the open segment: its record's bytes copied in at once, then the same
         ``_after_write`` as every append. False (nothing written): the general path handles it."""
-        if (self._pid != _PID[0] or self._closed or self._failed is not None
-                or (parts := self._row_parts(data)) is None):
+        if self._pid != _PID[0] or self._closed or self._failed is not None:
             return False
         with self._mutex:
-            seg, n = self._seg, self._n
-            if seg is None or n >= self.usable:
-                return False  # a roll first: the general path
-            steps, pd = self._steps, self._prev_done  # pd: _DONE / _NOT_DONE, or an array after the general path
-            parts[steps.row_is_last] = b"\x00" if pd is _NOT_DONE or (pd is not _DONE and not pd[0]) else b"\x01"
+            seg, n, pd = self._seg, self._n, self._prev_done  # pd: _DONE / _NOT_DONE, an array after the general path
+            if (seg is None or n >= self.usable  # (a roll first: the general path)
+                    or (rec := self._row_bytes(data, b"\x00" if pd is _NOT_DONE or (pd is not _DONE and not pd[0])
+                                               else b"\x01")) is None):
+                return False
             try:
-                seg.mm[(lo := self._rec0 + n * self._rec_bytes) : lo + self._rec_bytes] = b"".join(parts)
+                seg.mm[(lo := self._rec0 + n * self._rec_bytes) : lo + self._rec_bytes] = rec
                 self._n = n + 1
-                t, r = steps.row_done  # terminated, truncated: one byte each
-                self._prev_done = _NOT_DONE if parts[t] == parts[r] == b"\x00" else _DONE
+                self._prev_done = _DONE if rec[self._term_at] or rec[self._trunc_at] else _NOT_DONE
                 if _failpoint.ACTIVE:
                     _failpoint.hit("after_payload")
                 self._after_write(seg)  # the one publish / seal / next-segment policy

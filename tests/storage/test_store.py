@@ -138,7 +138,7 @@ def test_end_episodes_ends_every_lane_and_keeps_writing(store):
     assert store.info()["episodes_incomplete"] >= 2  # the two end_episodes ended (no flag)
 
 
-@pytest.mark.parametrize("lanes", [1, 2])  # one lane: the generated single-row check (_steps.row_parts)
+@pytest.mark.parametrize("lanes", [1, 2])  # one lane: the generated single-row check (_steps.row_bytes)
 def test_bad_input_writes_nothing(store, lanes):
     L = lanes
     w = store.writer(lanes=L)
