@@ -48,6 +48,8 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint.")),
     (("--num-envs",), dict(type=_INT, help="Envs of the synchronous loop's vector env. [1]")),
     (("--atari",), dict(is_flag=True, default=None, help="Atari preprocessing, Nature CNN, Nature-DQN preset.")),
+    (("--minatar/--no-minatar",), dict(help="MinAtar network and the MinAtar paper's DQN preset. "
+                                                          "[on for MinAtar/ ids]")),
     (("--max-episode-steps",), dict(type=_INT, help="Time limit of episodes. [the env's]")),
     (("--frame-stack",), dict(type=_INT, help="Frames per observation, stacked by the sampler. [1; atari 4]")),
     (("--actors",), dict(type=_INT, help="Actor processes writing the store; 0: synchronous loop. [0]")),
@@ -60,7 +62,9 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
                                    "[STORE.archive]")),
     (("--capacity",), dict(type=_INT, help="Rows the store keeps, if the run creates it. [1000000]")),
     (("--segment-records",), dict(type=_INT, help="Rows per segment file, if the run creates the store.")),
-    (("--learning-rate", "--lr"), dict(type=_FLOAT, help="Adam learning rate. [2.3e-3; atari 1e-4]")),
+    (("--learning-rate", "--lr"), dict(type=_FLOAT, help="Learning rate. [2.3e-3; atari 1e-4; minatar 2.5e-4]")),
+    (("--optimizer",), dict(type=click.Choice(["adam", "rmsprop"]), help="adam, or centered RMSprop. [adam; minatar "
+                                                                            "rmsprop]")),
     (("--batch-size",), dict(type=_INT, help="Transitions per update. [64; atari 32]")),
     (("--gamma",), dict(type=_FLOAT, help="Discount. [0.99]")),
     (("--n-step",), dict(type=_INT, help="n-step returns (computed by the sampler). [1]")),
@@ -131,7 +135,8 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
     Metrics go to RUN_DIR/metrics.csv (and TensorBoard), checkpoints to RUN_DIR/checkpoint.pt
     (atomic; --resume continues a killed run with the same store), the final network to
     RUN_DIR/policy.pt. Defaults are the RL-zoo DQN settings for CartPole; --atari switches to
-    Nature-DQN ones. Bracketed values in the option list are the defaults.
+    Nature-DQN ones, --minatar (on for MinAtar/ ids) to the MinAtar paper's DQN. Bracketed values
+    in the option list are the defaults.
 
     \b
     Examples:
@@ -141,11 +146,12 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
       mmreplay train --offline --store /data/cp-mediocre --algo cql --eval-env CartPole-v1 --steps 10000
       mmreplay train --offline --archive s3://bucket/cp.zarr --algo bc --eval-env CartPole-v1
       mmreplay train ALE/Pong-v5 --atari --store /data/pong --n-step 3 --prioritized
+      mmreplay train MinAtar/Breakout-v1 --store /data/breakout --steps 500000
       mmreplay plot runs/cp
     """
     from dataclasses import replace
 
-    from mmreplay.train import TrainConfig, atari_config, default_run_dir, resume_config
+    from mmreplay.train import TrainConfig, atari_config, default_run_dir, minatar_config, resume_config
 
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -160,7 +166,10 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             run_dir = given.pop("run_dir", None) or str(default_run_dir(replace(TrainConfig(), **given)))
             cfg = resume_config(run_dir, **given)
         else:
-            cfg = atari_config(**given) if given.get("atari") else TrainConfig(**given)
+            if given.get("minatar") is None and str(given.get("env_id", "")).startswith("MinAtar/"):
+                given["minatar"] = True
+            cfg = (atari_config(**given) if given.get("atari") else minatar_config(**given) if given.get("minatar")
+                   else TrainConfig(**given))
         from mmreplay.agent.envs import check_env_id
 
         for env in {cfg.env_id, cfg.eval_env} - {None}:

@@ -59,11 +59,14 @@ def network_spec(
     hidden: tuple[int, ...] | list[int] = (256, 256),
     dueling: bool = False,
     cnn: bool | None = None,
+    minatar: bool = False,
 ) -> dict[str, Any]:
     """The spec of a Q network for a store's observation fields (JSON-able, see module docstring).
 
     ``cnn=None`` picks the Nature CNN when there is one uint8 observation field of 2 or 3
-    dimensions (``(H, W)`` grayscale or ``(C, H, W)``), the MLP otherwise.
+    dimensions (``(H, W)`` grayscale or ``(C, H, W)``), the MLP otherwise. ``minatar``: the MinAtar
+    network (one 3x3 convolution of 16 channels, stride 1, then 128 units; Young & Tian 2019) over
+    one bool or uint8 field of ``(H, W, C)`` frames, MinAtar's layout (channels last).
     """
     if not isinstance(n_actions, (int, np.integer)) or n_actions < 1:
         raise ValueError(f"`n_actions` must be a positive int, got {n_actions!r}")
@@ -72,6 +75,11 @@ def network_spec(
     obs = [{"name": n, "shape": list(schema[n].shape), "dtype": schema[n].dtype.str} for n in schema.obs_names]
     if not obs:
         raise SchemaError("the schema has no observation field (`obs` or `obs/<key>`)")
+    if minatar:
+        if len(obs) != 1 or np.dtype(obs[0]["dtype"]) not in (np.bool_, np.uint8) or len(obs[0]["shape"]) != 3:
+            raise SchemaError(f"the MinAtar network needs one bool or uint8 observation field of shape (H, W, C), got {obs}")
+        return {"kind": "minatar", "obs": obs, "n_actions": int(n_actions), "frame_stack": int(frame_stack),
+                "hidden": [128], "dueling": bool(dueling)}
     image = len(obs) == 1 and np.dtype(obs[0]["dtype"]) == np.uint8 and len(obs[0]["shape"]) in (2, 3)
     if cnn is None:
         cnn = image
@@ -105,6 +113,11 @@ class QNetwork(nn.Module):
             self.encoder.append(nn.Linear(flat, 512))
             self.encoder.append(nn.ReLU())
             features = 512
+        elif spec["kind"] == "minatar":  # (H, W, C) frames, k stacked: k * C input channels
+            h, w, c = spec["obs"][0]["shape"]
+            self.encoder = nn.Sequential(nn.Conv2d(k * c, 16, 3, stride=1), nn.ReLU(), nn.Flatten(),
+                                         nn.Linear(16 * (h - 2) * (w - 2), 128), nn.ReLU())
+            features = 128
         else:
             layers: list[nn.Module] = []
             features = sum(k * math.prod(o["shape"]) for o in spec["obs"])
@@ -129,6 +142,10 @@ class QNetwork(nn.Module):
             elif x.dim() == 3:  # (B, H, W): one grayscale frame
                 x = x.unsqueeze(1)
             return x
+        if self.spec["kind"] == "minatar":  # (B, [k,] H, W, C) -> (B, k*C, H, W)
+            x = (_field(obs, self.names[0]) if isinstance(obs, dict) else obs).float()
+            x = x.movedim(-1, -3)
+            return x.flatten(1, 2) if x.dim() == 5 else x
         if not isinstance(obs, dict):
             return obs.flatten(1).float()
         parts = [_field(obs, n).flatten(1).float() for n in self.names]

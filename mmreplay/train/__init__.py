@@ -17,6 +17,7 @@ from typing import Any
 from .config import (
     TrainConfig,
     atari_config,
+    minatar_config,
     default_run_dir,
     linear_schedule,
     resume_config,
@@ -29,7 +30,7 @@ _LAZY = {"Learner": "loops", "train": "loops", "train_online": "loops", "train_a
          "read_metrics": "runlog", "plot_run": "runlog", "save_checkpoint": "checkpoint",
          "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
-    "Learner", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "linear_schedule", "load_checkpoint",
+    "Learner", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "minatar_config", "linear_schedule", "load_checkpoint",
     "pick_device", "plot_run", "read_metrics", "resume_config", "save_checkpoint", "target_update_interval_of",
     "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config",
 ]

@@ -1,5 +1,5 @@
 """The training configuration: :class:`TrainConfig` (one docstring per field; ``mmreplay train``'s
-options mirror it), its presets (``atari_config``, ``resume_config``), validation and run-directory
+options mirror it), its presets (``atari_config``, ``minatar_config``, ``resume_config``), validation and run-directory
 naming, and the schedules. No torch here: the CLI builds and checks a config before torch loads.
 """
 
@@ -41,6 +41,9 @@ class TrainConfig:
     """Environments of the synchronous loop's vector env (one store lane each)."""
     atari: bool = False
     """Atari preprocessing (84x84 uint8 frames, frame skip 4) and the Nature CNN."""
+    minatar: bool = False
+    """The MinAtar network over ``(H, W, C)`` frames (one 3x3 convolution of 16 channels, then 128
+    units); :func:`minatar_config` gives the MinAtar paper's DQN settings."""
     max_episode_steps: int | None = None
     """Time limit of training and evaluation episodes (``None``: the env's own)."""
     frame_stack: int = 1
@@ -60,7 +63,10 @@ class TrainConfig:
     segment_records: int | None = None
     """Rows per segment file when the run creates the store (``None``: about 32 MiB)."""
     learning_rate: float = 2.3e-3
-    """Adam learning rate."""
+    """The optimizer's learning rate."""
+    optimizer: Literal["adam", "rmsprop"] = "adam"
+    """``adam``, or ``rmsprop``: centered RMSprop with squared-gradient decay 0.95, momentum 0.95 and
+    eps 0.01 (the MinAtar paper's DQN)."""
     batch_size: int = 64
     """Transitions per update."""
     gamma: float = 0.99
@@ -161,6 +167,25 @@ def atari_config(**overrides: Any) -> TrainConfig:
     return TrainConfig(**{**base, **overrides})
 
 
+def minatar_config(**overrides: Any) -> TrainConfig:
+    """The DQN of the MinAtar paper (Young & Tian 2019, "MinAtar: An Atari-inspired testbed for
+    thorough and reproducible reinforcement learning experiments"), with the settings of its
+    reference implementation (``examples/dqn.py`` of github.com/kenjyoung/MinAtar): the MinAtar
+    network, centered RMSprop (lr 2.5e-4, squared-gradient decay 0.95, momentum 0.95, eps 0.01),
+    batch 32, one update per env step, a 100,000-transition replay memory and 5,000 steps before
+    the first update, the target network copied every 1,000 updates, Huber loss, gamma 0.99, the
+    target network's max (not double DQN), no gradient clipping, epsilon from 1 to 0.1 and 5M
+    steps; then ``overrides``. One difference: epsilon decays over the first 100,000 steps here,
+    over the 100,000 steps after the first 5,000 (uniformly random) ones in the paper's code."""
+    steps = int(overrides.get("steps", 5_000_000))
+    base = dict(minatar=True, optimizer="rmsprop", learning_rate=2.5e-4, batch_size=32, train_freq=1, gradient_steps=1,
+                learning_starts=5000, capacity=100_000, target_update_interval=1000, double=False, loss="huber",
+                max_grad_norm=0.0, gamma=0.99, n_step=1, start_e=1.0, end_e=0.1,
+                exploration_fraction=min(1.0, 100_000 / max(1, steps)), steps=5_000_000, eval_every=50_000,
+                eval_episodes=10, log_every=10_000, checkpoint_every=100_000)
+    return TrainConfig(**{**base, **overrides})
+
+
 _POSITIVE = ("steps", "num_envs", "envs_per_actor", "capacity", "batch_size", "n_step", "train_freq",
              "target_update_interval", "frame_stack", "publish_every", "prefetch")
 
@@ -184,6 +209,10 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError("`archive` is for offline training (pass offline=True / --offline)")
     if not cfg.offline and not cfg.env_id:
         raise ValueError("`env_id` is required online")
+    if cfg.optimizer not in ("adam", "rmsprop"):
+        raise ValueError(f"`optimizer` must be 'adam' or 'rmsprop', got {cfg.optimizer!r}")
+    if cfg.minatar and cfg.atari:
+        raise ValueError("`minatar` and `atari` are exclusive: one preprocessing and network per run")
     if cfg.loss not in ("huber", "mse"):
         raise ValueError(f"`loss` must be 'huber' or 'mse', got {cfg.loss!r}")
     for name in ("gamma", "tau", "start_e", "end_e", "exploration_fraction", "per_alpha", "per_beta", "per_beta_final"):

@@ -70,6 +70,12 @@ log = logging.getLogger(__name__)
 
 
 # -- ALGO LOGIC ---------------------------------------------------------------------------------------
+def qnet_spec(cfg: TrainConfig, schema: Any, n_actions: int) -> dict[str, Any]:
+    """The Q network a run trains for ``schema``'s observations (``network_spec`` of its config)."""
+    return network_spec(schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden, dueling=cfg.dueling,
+                        minatar=cfg.minatar)
+
+
 class Learner:
     """The Q network, its target, the optimizer, and one gradient step of DQN, CQL or BC."""
 
@@ -80,7 +86,9 @@ class Learner:
         self.target = copy.deepcopy(self.q).requires_grad_(False) if cfg.algo != "bc" else None
         # fused Adam: one kernel for every parameter (faster than the per-tensor loop for small nets; an ad-hoc
         # timing, not re-measured by benchmarks/)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate, fused=True)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate, fused=True) if cfg.optimizer == "adam" \
+            else torch.optim.RMSprop(self.q.parameters(), lr=cfg.learning_rate, alpha=0.95, eps=0.01, momentum=0.95,
+                                     centered=True)  # the MinAtar paper's DQN (config.minatar_config)
         self.q_fwd = torch.compile(self.q) if cfg.compile else self.q
         self.target_fwd = torch.compile(self.target) if cfg.compile and self.target is not None else self.target
         self.amp = cfg.amp and device.type == "cuda"
@@ -190,8 +198,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     envs = make_vec_env(cfg.env_id, cfg.num_envs, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
     store = open_store_for_env(cfg, envs)
     n_actions = count_actions(envs.single_action_space)
-    learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,
-                                        dueling=cfg.dueling), run.device)
+    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
     total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
     sampler = run.make_sampler(store, total_updates)
     rng = np.random.default_rng(cfg.seed)
@@ -298,8 +305,7 @@ def train_actors(cfg: TrainConfig) -> TrainResult:
 
     store = open_store_for_env(cfg, _Spaces)
     probe.close()
-    learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,
-                                        dueling=cfg.dueling), run.device)
+    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
     total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
     spi = cfg.samples_per_insert or cfg.batch_size * cfg.gradient_steps / cfg.train_freq
     if run.payload:
@@ -414,8 +420,7 @@ def train_offline(cfg: TrainConfig) -> TrainResult:
         store.wait_checked()
     eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
     n_actions = offline_n_actions(store, eval_env, cfg)
-    learner = Learner(cfg, network_spec(store.schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden,
-                                        dueling=cfg.dueling), run.device)
+    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
     if run.payload:
         learner.load(run.payload)
         restore_torch_rng(run.payload)

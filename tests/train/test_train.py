@@ -316,6 +316,49 @@ def test_atari_path_end_to_end(tmp_path):
         assert s.schema["obs"].shape == (84, 84) and s.schema["obs"].dtype == np.uint8  # single frames stored
 
 
+# -- MinAtar path -----------------------------------------------------------------------------------------
+def test_minatar_network_reads_channels_last_frames_and_their_stacks():
+    frames = mmreplay.Schema.transition(obs_shape=(10, 10, 4), obs_dtype=np.bool_)
+    net = QNetwork(network_spec(frames, 3, frame_stack=2, minatar=True))
+    assert net.spec["kind"] == "minatar"
+    conv, fc = net.encoder[0], net.encoder[3]  # the paper's: 16 3x3 filters, stride 1, then 128 units
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride) == (8, 16, (3, 3), (1, 1))
+    assert (fc.in_features, fc.out_features) == (16 * 8 * 8, 128)
+    x = np.random.default_rng(0).random((5, 2, 10, 10, 4)) < 0.3  # (B, k, H, W, C) as the sampler stacks them
+    chw = torch.as_tensor(x).float().permute(0, 1, 4, 2, 3).reshape(5, 8, 10, 10)
+    with torch.no_grad():
+        want = net.head(net.encoder[1:](conv(chw)))
+        np.testing.assert_allclose(net(torch.as_tensor(x)).numpy(), want.numpy(), rtol=1e-6)
+    with pytest.raises(mmreplay.SchemaError, match=r"\(H, W, C\)"):
+        network_spec(mmreplay.Schema.transition(obs_shape=(4,)), 2, minatar=True)
+
+
+def test_minatar_preset_is_the_papers_dqn_and_the_cli_picks_it_for_minatar_ids(tmp_path):
+    pytest.importorskip("minatar")
+    from mmreplay.train import minatar_config
+    from mmreplay.train.config import validate_config
+
+    cfg = minatar_config(env_id="MinAtar/Breakout-v1", store="x", steps=1_000_000)
+    assert (cfg.minatar, cfg.optimizer, cfg.learning_rate, cfg.batch_size, cfg.train_freq, cfg.gradient_steps,
+            cfg.learning_starts, cfg.capacity, cfg.target_update_interval, cfg.double, cfg.loss, cfg.max_grad_norm,
+            cfg.end_e) == (True, "rmsprop", 2.5e-4, 32, 1, 1, 5000, 100_000, 1000, False, "huber", 0.0, 0.1)
+    assert cfg.exploration_fraction * cfg.steps == 100_000  # epsilon reaches 0.1 after 100k steps
+    with pytest.raises(ValueError, match="exclusive"):
+        validate_config(minatar_config(env_id="x", store="x", atari=True))
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "mmreplay", "train", "MinAtar/Breakout-v1", "--store", str(tmp_path / "s"),
+                        "--run-dir", str(run), "--steps", "400", "--learning-starts", "300", "--batch-size", "8",
+                        "--eval-every", "0", "--eval-episodes", "1", "--checkpoint-every", "0", "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["minatar"] is True and saved["optimizer"] == "rmsprop" and saved["capacity"] == 100_000
+    pol = load_policy(run / "policy.pt")
+    assert pol.spec["kind"] == "minatar"
+    with mmreplay.open_store(tmp_path / "s") as s:
+        assert s.schema["obs"].shape == (10, 10, 4) and s.schema["obs"].dtype == np.bool_  # single frames
+
+
 def test_offline_from_a_zarr_archive(tmp_path, datasets):
     pytest.importorskip("zarr")
     from mmreplay.archive import export_archive
