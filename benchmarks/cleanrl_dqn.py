@@ -2,9 +2,10 @@
 
     python benchmarks/cleanrl_dqn.py --seed 1 --total-timesteps 100000 [--out result.json]
     python benchmarks/cleanrl_dqn.py --preset cleanrl --seed 1 [--buffer numpy|sb3] [--out result.json]
+    python benchmarks/cleanrl_dqn.py --preset minatar --env-id MinAtar/Breakout-v1 --total-timesteps 300000
 
 It follows cleanrl/dqn.py (an ``Args`` dataclass, ``make_env``, ``QNetwork``, ``linear_schedule``
-and one loop), one env, one torch thread, on the CPU. Two presets (any flag given overrides its
+and one loop), one env, one torch thread, on the CPU. Three presets (any flag given overrides its
 preset's value):
 
 * ``--preset zoo`` (the default): the algorithm and hyperparameters of ``mmreplay train``'s
@@ -23,6 +24,12 @@ preset's value):
   target copied every 50 updates (= CleanRL's 500 env steps at one update per 10 env steps). Replay
   in a plain numpy ring buffer (``--buffer numpy``, :class:`NumpyReplayBuffer`: preallocated
   arrays, an index, uniform ``np.random.randint`` draws, as SB3's buffer draws).
+* ``--preset minatar``: the DQN of the MinAtar paper as its reference ``examples/dqn.py`` has it
+  (github.com/kenjyoung/MinAtar), the settings of ``mmreplay train``'s MinAtar preset: one 3x3
+  convolution of 16 channels over the (10, 10, C) frames, 128 units; centered RMSprop (lr 2.5e-4,
+  squared-gradient decay 0.95, momentum 0.95, eps 0.01); batch 32, one update per env step, buffer
+  100,000, 5,000 learning-starts steps, target copied every 1,000 updates, Huber loss, max over the
+  target network, no clipping, ε from 1 to 0.1 over the first 100,000 steps; the numpy buffer.
 
 Both buffers get the same transitions: the vector env uses same-step autoreset (the final
 observation of an episode comes in ``infos["final_obs"]`` and is stored as that step's next
@@ -88,6 +95,10 @@ class Args:
     eval_episodes: int = 20
     threads: int = 1
     fused_adam: bool = False
+    network: str = "mlp"
+    """mlp, or minatar (a 3x3 convolution of 16 channels, then 128 units, over (H, W, C) frames)"""
+    optimizer: str = "adam"
+    """adam, or rmsprop (centered, as the MinAtar paper's DQN)"""
     out: str | None = None
 
 
@@ -97,11 +108,21 @@ PRESETS: dict[str, dict[str, Any]] = {
                     tau=1.0, target_network_frequency=50, batch_size=128, start_e=1.0, end_e=0.05,
                     exploration_fraction=0.5, learning_starts=10_000, train_frequency=10, gradient_steps=1,
                     hidden="120,84", loss="mse", double=False, max_grad_norm=0.0),
+    "minatar": dict(buffer="numpy", env_id="MinAtar/Breakout-v1", total_timesteps=5_000_000, learning_rate=2.5e-4,
+                    buffer_size=100_000, gamma=0.99, tau=1.0, target_network_frequency=1000, batch_size=32, start_e=1.0,
+                    end_e=0.1, learning_starts=5000, train_frequency=1, gradient_steps=1, loss="huber", double=False,
+                    max_grad_norm=0.0, network="minatar", optimizer="rmsprop", eval_every=50_000, eval_episodes=10),
 }
-CHOICES = {"preset": list(PRESETS), "buffer": ["sb3", "numpy"], "loss": ["huber", "mse"]}
+CHOICES = {"preset": list(PRESETS), "buffer": ["sb3", "numpy"], "loss": ["huber", "mse"], "network": ["mlp", "minatar"],
+           "optimizer": ["adam", "rmsprop"]}
 
 
 def make_env(env_id: str):
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        from minatar.gym import register_envs
+
+        register_envs()
+
     def thunk():
         return gym.make(env_id)
 
@@ -119,6 +140,22 @@ class QNetwork(nn.Module):
 
     def forward(self, x):
         return self.network(x)
+
+
+class MinAtarQNetwork(nn.Module):
+    """One 3x3 convolution of 16 channels (stride 1), 128 units, one output per action, over
+    (B, H, W, C) frames (MinAtar's layout)."""
+
+    def __init__(self, shape: tuple[int, ...], n_actions: int):
+        super().__init__()
+        h, w, c = shape
+        self.conv = nn.Conv2d(c, 16, kernel_size=3, stride=1)
+        self.fc_hidden = nn.Linear(16 * (h - 2) * (w - 2), 128)
+        self.output = nn.Linear(128, n_actions)
+
+    def forward(self, x):
+        x = F.relu(self.conv(x.float().permute(0, 3, 1, 2)))
+        return self.output(F.relu(self.fc_hidden(x.flatten(1))))
 
 
 class Batch(NamedTuple):
@@ -214,6 +251,8 @@ def parse_args() -> Args:
                             choices=CHOICES.get(f.name))
     given = {k: v for k, v in vars(ap.parse_args()).items() if v is not None}
     values = {**PRESETS[given.get("preset", Args.preset)], **given}
+    if values.get("preset") == "minatar" and "exploration_fraction" not in given:  # ε reaches 0.1 after 100k steps
+        values["exploration_fraction"] = min(1.0, 100_000 / values.get("total_timesteps", Args.total_timesteps))
     return Args(**values)
 
 
@@ -230,9 +269,19 @@ def main() -> None:
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     n_actions = int(envs.single_action_space.n)
-    q_network = QNetwork(obs_dim, n_actions, hidden).to(device)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=args.fused_adam or None)
-    target_network = QNetwork(obs_dim, n_actions, hidden).to(device)
+
+    def network() -> nn.Module:
+        if args.network == "minatar":
+            return MinAtarQNetwork(envs.single_observation_space.shape, n_actions).to(device)
+        return QNetwork(obs_dim, n_actions, hidden).to(device)
+
+    q_network = network()
+    if args.optimizer == "rmsprop":
+        optimizer: Any = torch.optim.RMSprop(q_network.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
+                                             momentum=0.95, centered=True)
+    else:
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=args.fused_adam or None)
+    target_network = network()
     target_network.load_state_dict(q_network.state_dict())
     if args.buffer == "numpy":
         rb: Any = NumpyReplayBuffer(args.buffer_size, envs.single_observation_space.shape,

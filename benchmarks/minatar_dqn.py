@@ -1,0 +1,123 @@
+"""MinAtar learning and wall time: ``mmreplay train`` against a single-file reference DQN.
+
+    python benchmarks/minatar_dqn.py                               # 300k steps, seeds 1 2 3, 2 runs at a time
+    python benchmarks/minatar_dqn.py --steps 50000 --seeds 1 --jobs 2 --out /tmp/minatar
+
+Configuration (a), the MinAtar paper's: one frame, 1-step returns, one env. ``mmreplay train ENV``
+uses its MinAtar preset (``mmreplay.train.minatar_config``); the reference is
+``benchmarks/cleanrl_dqn.py --preset minatar`` (the same algorithm and settings, a plain numpy ring
+buffer storing ``obs`` and ``next_obs``). Both evaluate ``--eval-episodes`` greedy episodes every
+``--eval-every`` env steps and at the end. Wall times are each run's training loop, evaluation
+excluded (both report it so). A uniformly random policy's return is measured for reference.
+Configuration (b) of the issue (4 lanes, stacks of 4 rebuilt by the sampler, 3-step returns; the
+reference building its own) is not written yet.
+
+(Named ``minatar_dqn.py``, not ``minatar.py``: a script run from this folder would import such a
+file in place of the ``minatar`` package.) Runs go ``--jobs`` at a time, in the order mmreplay s1, reference s1, mmreplay s2, ... (one torch
+thread each). Results: a table per seed, the curves (mean over seeds of mmreplay against the
+reference's seed range at each evaluation), and ``OUT/minatar.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def random_return(env_id: str, episodes: int, seed: int) -> float:
+    """Mean return of a uniformly random policy."""
+    sys.path.insert(0, str(HERE))
+    from cleanrl_dqn import make_env
+
+    env = make_env(env_id)()
+    env.action_space.seed(seed)
+    total = 0.0
+    for i in range(episodes):
+        env.reset(seed=seed + i)
+        done = False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total += float(r)
+            done = term or trunc
+    return total / episodes
+
+
+def run(cmd: list[str], log: Path) -> float:
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", default="MinAtar/Breakout-v1")
+    ap.add_argument("--steps", type=int, default=300_000)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--eval-every", type=int, default=50_000)
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--train-freq", type=int, default=1, help="env steps between updates, both trainers [1]")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=None, help="where runs, logs and minatar.json go [a temp dir]")
+    args = ap.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="mmreplay-minatar-"))
+    out.mkdir(parents=True, exist_ok=True)
+    common = dict(steps=args.steps, every=args.eval_every, episodes=args.eval_episodes, freq=args.train_freq)
+    jobs = []
+    for s in args.seeds:
+        mm = out / f"mmreplay-s{s}"
+        jobs.append(("mmreplay", s, [sys.executable, "-m", "mmreplay", "train", args.env, "--store", str(mm / "store"),
+                                     "--run-dir", str(mm / "run"), "--steps", str(common["steps"]), "--seed", str(s),
+                                     "--eval-every", str(common["every"]), "--eval-episodes", str(common["episodes"]),
+                                     "--train-freq", str(common["freq"]), "--threads", "1", "-q"]))
+        jobs.append(("reference", s, [sys.executable, str(HERE / "cleanrl_dqn.py"), "--preset", "minatar", "--env-id",
+                                      args.env, "--total-timesteps", str(common["steps"]), "--seed", str(s),
+                                      "--eval-every", str(common["every"]), "--eval-episodes", str(common["episodes"]),
+                                      "--train-frequency", str(common["freq"]), "--out", str(out / f"reference-s{s}.json")]))
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda j: run(j[2], out / f"{j[0]}-s{j[1]}.log"), jobs))
+    res: dict[str, dict[int, dict]] = {"mmreplay": {}, "reference": {}}
+    for s in args.seeds:
+        res["mmreplay"][s] = json.loads((out / f"mmreplay-s{s}" / "run" / "result.json").read_text())
+        res["reference"][s] = json.loads((out / f"reference-s{s}.json").read_text())
+    rand = random_return(args.env, 100, 12345)
+    print(f"{args.env}, configuration (a), {args.steps:,} env steps, train every {args.train_freq}, "
+          f"random policy {rand:.2f}")
+    print("| seed | trainer | env steps/s | training wall s | final greedy return |\n|---|---|---|---|---|")
+    for s in args.seeds:
+        for name, r in res.items():
+            print(f"| {s} | {name} | {r[s]['steps_per_s']:,.0f} | {r[s]['wall_s']:.1f} | {r[s]['final_return']:.2f} |")
+    final = {n: float(np.mean([r[s]["final_return"] for s in args.seeds])) for n, r in res.items()}
+    wall = {n: float(np.mean([r[s]["wall_s"] for s in args.seeds])) for n, r in res.items()}
+    curves = {n: {int(e[0]): [] for e in r[args.seeds[0]]["evals"]} for n, r in res.items()}
+    for n, r in res.items():
+        for s in args.seeds:
+            for step, ret, _ in r[s]["evals"]:
+                curves[n].setdefault(int(step), []).append(ret)
+    inside = all(min(curves["reference"].get(k, [np.nan])) <= np.mean(v) <= max(curves["reference"].get(k, [np.nan]))
+                 for k, v in curves["mmreplay"].items())
+    print(f"final return (mean of seeds): mmreplay {final['mmreplay']:.2f}, reference {final['reference']:.2f} "
+          f"({final['mmreplay'] / max(final['reference'], 1e-9):.2f}x; target >= 0.9x)")
+    print(f"mmreplay's mean curve inside the reference's seed range at every evaluation: {inside}")
+    print(f"training wall (mean of seeds): {wall['mmreplay'] / wall['reference']:.2f}x the reference's (target <= 1.1x)")
+    for step in sorted(curves["mmreplay"]):
+        print(f"  step {step:>8,}: mmreplay {np.mean(curves['mmreplay'][step]):6.2f}  reference "
+              f"{np.mean(curves['reference'].get(step, [np.nan])):6.2f} (range {min(curves['reference'].get(step, [np.nan])):.2f}"
+              f"..{max(curves['reference'].get(step, [np.nan])):.2f})")
+    (out / "minatar.json").write_text(json.dumps({"args": vars(args), "random_return": rand, "final": final, "wall": wall,
+                                                  "inside": inside, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}))
+    print(f"runs and logs in {out}")
+
+
+if __name__ == "__main__":
+    main()
