@@ -2,6 +2,7 @@
 
     python benchmarks/minatar_dqn.py                               # 300k steps, seeds 1 2 3, 2 runs at a time
     python benchmarks/minatar_dqn.py --steps 50000 --seeds 1 --jobs 2 --out /tmp/minatar
+    (runs whose results are in --out already are not run again: an interrupted run resumes)
 
 Configuration (a), the MinAtar paper's: one frame, 1-step returns, one env. ``mmreplay train ENV``
 uses its MinAtar preset (``mmreplay.train.minatar_config``); the reference is
@@ -15,12 +16,14 @@ reference building its own) is not written yet.
 (Named ``minatar_dqn.py``, not ``minatar.py``: a script run from this folder would import such a
 file in place of the ``minatar`` package.) Runs go ``--jobs`` at a time, in the order mmreplay s1, reference s1, mmreplay s2, ... (one torch
 thread each). Results: a table per seed, the curves (mean over seeds of mmreplay against the
-reference's seed range at each evaluation), and ``OUT/minatar.json``.
+reference's seed range at each evaluation), ``OUT/minatar.json`` and ``OUT/minatar.png``
+(``mmreplay plot`` of every run, the reference's evaluations written as run directories).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
@@ -30,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from mmreplay.train.runlog import COLUMNS, plot_run
 
 HERE = Path(__file__).resolve().parent
 
@@ -84,8 +89,10 @@ def main() -> None:
                                       args.env, "--total-timesteps", str(common["steps"]), "--seed", str(s),
                                       "--eval-every", str(common["every"]), "--eval-episodes", str(common["episodes"]),
                                       "--train-frequency", str(common["freq"]), "--out", str(out / f"reference-s{s}.json")]))
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda j: run(j[2], out / f"{j[0]}-s{j[1]}.log"), jobs))
+    done = {("mmreplay", s) for s in args.seeds if (out / f"mmreplay-s{s}" / "run" / "result.json").exists()} | {
+        ("reference", s) for s in args.seeds if (out / f"reference-s{s}.json").exists()}
+    with ThreadPoolExecutor(args.jobs) as pool:  # runs whose result is in OUT already are not run again
+        list(pool.map(lambda j: run(j[2], out / f"{j[0]}-s{j[1]}.log"), [j for j in jobs if j[:2] not in done]))
     res: dict[str, dict[int, dict]] = {"mmreplay": {}, "reference": {}}
     for s in args.seeds:
         res["mmreplay"][s] = json.loads((out / f"mmreplay-s{s}" / "run" / "result.json").read_text())
@@ -116,6 +123,20 @@ def main() -> None:
               f"..{max(curves['reference'].get(step, [np.nan])):.2f})")
     (out / "minatar.json").write_text(json.dumps({"args": vars(args), "random_return": rand, "final": final, "wall": wall,
                                                   "inside": inside, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}))
+    for s in args.seeds:  # the reference's evaluations as a run directory, for `mmreplay plot`
+        ref_dir = out / f"reference-s{s}"
+        ref_dir.mkdir(exist_ok=True)
+        with open(ref_dir / "metrics.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w.writeheader()
+            for step, ret, std in res["reference"][s]["evals"]:
+                w.writerow({"step": step, "eval_return": ret, "eval_std": std})
+    runs = [out / f"mmreplay-s{s}" / "run" for s in args.seeds] + [out / f"reference-s{s}" for s in args.seeds]
+    try:
+        png = plot_run(runs[0], out / "minatar.png", title=f"{args.env}: mmreplay train vs reference", compare=runs[1:])
+        print(f"plot: {png} (mmreplay plot {' '.join(map(str, runs))} --out ...)")
+    except ImportError as exc:
+        print(f"no plot: {exc}")
     print(f"runs and logs in {out}")
 
 

@@ -203,21 +203,25 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
 
 @click.command("plot", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("compare", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="PNG path. [RUN_DIR/learning_curve.png]")
 @click.option("--title", default=None, help="Plot title. [the run directory's name]")
 @friendly
-def plot_cmd(run_dir: str, out: str | None, title: str | None) -> None:
-    """Write a PNG learning curve of a run: return vs env steps, with the evaluation points.
+def plot_cmd(run_dir: str, compare: tuple[str, ...], out: str | None, title: str | None) -> None:
+    """Write a PNG learning curve of a run: return vs env steps, with the evaluation points. With
+    more run directories (COMPARE: other seeds, another trainer's metrics.csv), every run's
+    evaluation points on one figure.
 
     \b
     Examples:
       mmreplay plot runs/CartPole-v1__dqn__s1
       mmreplay plot runs/cp --out cp.png --title "CartPole DQN"
+      mmreplay plot runs/cp-s1 runs/cp-s2 runs/cp-s3 --out seeds.png
     """
     from mmreplay.train.runlog import plot_run
 
     try:
-        path = plot_run(run_dir, out, title=title)
+        path = plot_run(run_dir, out, title=title, compare=compare)
     except (ImportError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(str(path))

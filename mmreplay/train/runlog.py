@@ -16,6 +16,7 @@ import csv
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +119,11 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def plot_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
-             title: str | None = None) -> Path:
+             title: str | None = None, compare: Sequence[str | os.PathLike[str]] = ()) -> Path:
     """Write a PNG learning curve of a run: training return vs env steps, with the eval points.
+    With ``compare`` (other run directories, e.g. other seeds or another trainer's metrics in the
+    same CSV format), every run's evaluation points are drawn on one figure, one labelled line per
+    run, without the training curves.
 
     Needs matplotlib (optional extra). Returns the path written (default
     ``<run_dir>/learning_curve.png``).
@@ -131,24 +135,30 @@ def plot_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'mmreplay[plot]'") from exc
-    m = read_metrics(run_dir)
-    out_path = Path(out) if out is not None else Path(run_dir) / "learning_curve.png"
+    runs = [Path(run_dir), *(Path(c) for c in compare)]
+    metrics = [read_metrics(r) for r in runs]
+    out_path = Path(out) if out is not None else runs[0] / "learning_curve.png"
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    step = m["step"]
-    tr = ~np.isnan(m["return_mean"])
-    if tr.any():
-        ax.plot(step[tr], m["return_mean"][tr], lw=1.2, alpha=0.8, label="training episodes (mean)")
-    ev = ~np.isnan(m["eval_return"])
-    if ev.any():
-        std = np.nan_to_num(m["eval_std"][ev])
-        ax.errorbar(step[ev], m["eval_return"][ev], yerr=std, fmt="o", ms=4, capsize=3,
-                    label="greedy evaluation (mean ± std)")
-    online = bool(np.nan_to_num(m["episodes"]).max(initial=0) > 0)
+    drawn = False
+    for run, m in zip(runs, metrics):
+        step = m["step"]
+        tr = ~np.isnan(m["return_mean"])
+        if tr.any() and not compare:
+            ax.plot(step[tr], m["return_mean"][tr], lw=1.2, alpha=0.8, label="training episodes (mean)")
+        ev = ~np.isnan(m["eval_return"])
+        if ev.any():
+            std = np.nan_to_num(m["eval_std"][ev])
+            where = run.resolve()
+            label = f"{where.parent.name}/{where.name} (greedy)" if compare else "greedy evaluation (mean ± std)"
+            ax.errorbar(step[ev], m["eval_return"][ev], yerr=std, fmt="o-" if compare else "o", ms=4, capsize=3,
+                        lw=1, label=label)
+        drawn = drawn or tr.any() or ev.any()
+    online = any(bool(np.nan_to_num(m["episodes"]).max(initial=0) > 0) for m in metrics) or bool(compare)
     ax.set_xlabel("env steps" if online else "learner updates")
     ax.set_ylabel("episode return")
-    ax.set_title(title or Path(run_dir).resolve().name)
+    ax.set_title(title or runs[0].resolve().name)
     ax.grid(alpha=0.3)
-    if tr.any() or ev.any():
+    if drawn:
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     out_path.parent.mkdir(parents=True, exist_ok=True)

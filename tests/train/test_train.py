@@ -236,6 +236,13 @@ def test_resume_after_sigkill_keeps_the_store_and_finishes(tmp_path):
     if "matplotlib" not in plot.stderr:
         assert plot.returncode == 0, plot.stderr
         assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+        other = tmp_path / "other-trainer"  # another trainer's evaluations in the same CSV format
+        other.mkdir()
+        (other / "metrics.csv").write_text("step,eval_return,eval_std\n1000,20.0,1.5\n3000,90.0,4.0\n")
+        both = subprocess.run(_mmreplay("plot", str(run), str(other), "--out", str(tmp_path / "both.png")),
+                              capture_output=True, text=True)
+        assert both.returncode == 0, both.stderr
+        assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # -- offline --------------------------------------------------------------------------------------------
