@@ -30,6 +30,10 @@ preset's value):
   squared-gradient decay 0.95, momentum 0.95, eps 0.01); batch 32, one update per env step, buffer
   100,000, 5,000 learning-starts steps, target copied every 1,000 updates, Huber loss, max over the
   target network, no clipping, ε from 1 to 0.1 over the first 100,000 steps; the numpy buffer.
+  With ``--num-envs``, ``--frame-stack`` and ``--n-step`` (MinAtar configuration (b)) it builds its
+  own stacks (an episode's first frame repeated at its start) and per-env n-step windows (cut at an
+  episode's end, bootstrapped with ``gamma ** m``), one ε draw per env and one training round per
+  vector step once the env steps pass a multiple of ``--train-frequency``, as ``mmreplay train``.
 
 Both buffers get the same transitions: the vector env uses same-step autoreset (the final
 observation of an episode comes in ``infos["final_obs"]`` and is stored as that step's next
@@ -95,6 +99,12 @@ class Args:
     eval_episodes: int = 20
     threads: int = 1
     fused_adam: bool = False
+    num_envs: int = 1
+    """envs of the vector env (several: one ε draw per env, one training round per vector step)"""
+    frame_stack: int = 1
+    """frames per observation, stacked here (an episode's first frame repeated at its start)"""
+    n_step: int = 1
+    """n-step returns, computed here per env (windows cut at an episode's end)"""
     network: str = "mlp"
     """mlp, or minatar (a 3x3 convolution of 16 channels, then 128 units, over (H, W, C) frames)"""
     optimizer: str = "adam"
@@ -146,15 +156,16 @@ class MinAtarQNetwork(nn.Module):
     """One 3x3 convolution of 16 channels (stride 1), 128 units, one output per action, over
     (B, H, W, C) frames (MinAtar's layout)."""
 
-    def __init__(self, shape: tuple[int, ...], n_actions: int):
+    def __init__(self, shape: tuple[int, ...], n_actions: int, k: int = 1):
         super().__init__()
         h, w, c = shape
-        self.conv = nn.Conv2d(c, 16, kernel_size=3, stride=1)
+        self.conv = nn.Conv2d(k * c, 16, kernel_size=3, stride=1)
         self.fc_hidden = nn.Linear(16 * (h - 2) * (w - 2), 128)
         self.output = nn.Linear(128, n_actions)
 
-    def forward(self, x):
-        x = F.relu(self.conv(x.float().permute(0, 3, 1, 2)))
+    def forward(self, x):  # (B, H, W, C), or stacks (B, k, H, W, C)
+        x = x.float().movedim(-1, -3)
+        x = F.relu(self.conv(x.flatten(1, 2) if x.dim() == 5 else x))
         return self.output(F.relu(self.fc_hidden(x.flatten(1))))
 
 
@@ -164,6 +175,7 @@ class Batch(NamedTuple):
     next_observations: torch.Tensor
     dones: torch.Tensor
     rewards: torch.Tensor
+    discounts: torch.Tensor
 
 
 class NumpyReplayBuffer:
@@ -178,11 +190,12 @@ class NumpyReplayBuffer:
         self.actions = np.zeros((capacity, 1), np.int64)
         self.rewards = np.zeros(capacity, np.float32)
         self.dones = np.zeros(capacity, np.float32)
+        self.discounts = np.zeros(capacity, np.float32)  # gamma ** (steps of the return)
         self.pos = 0
         self.full = False
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            dones: np.ndarray) -> None:
+            dones: np.ndarray, discounts: Any) -> None:
         """One vector-env step: row i of each argument is env i's transition."""
         for i in range(len(obs)):
             p = self.pos
@@ -191,6 +204,7 @@ class NumpyReplayBuffer:
             self.actions[p, 0] = actions[i]
             self.rewards[p] = rewards[i]
             self.dones[p] = dones[i]
+            self.discounts[p] = discounts if np.ndim(discounts) == 0 else discounts[i]
             self.pos = p + 1
             if self.pos == self.capacity:
                 self.pos, self.full = 0, True
@@ -199,7 +213,7 @@ class NumpyReplayBuffer:
         idx = np.random.randint(0, self.capacity if self.full else self.pos, size=batch_size)
         return Batch(torch.from_numpy(self.obs[idx]), torch.from_numpy(self.actions[idx]),
                      torch.from_numpy(self.next_obs[idx]), torch.from_numpy(self.dones[idx]),
-                     torch.from_numpy(self.rewards[idx]))
+                     torch.from_numpy(self.rewards[idx]), torch.from_numpy(self.discounts[idx]))
 
 
 class SB3Buffer:
@@ -211,7 +225,7 @@ class SB3Buffer:
         self.rb = ReplayBuffer(capacity, envs.single_observation_space, envs.single_action_space, device,
                                handle_timeout_termination=False)
 
-    def add(self, obs, next_obs, actions, rewards, dones) -> None:
+    def add(self, obs, next_obs, actions, rewards, dones, discounts=None) -> None:  # 1-step: gamma
         self.rb.add(obs, next_obs, actions, rewards, dones, [{}])
 
     def sample(self, batch_size: int) -> Any:
@@ -223,15 +237,22 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
     return max(slope * t + start_e, end_e)
 
 
+def push_frames(stacks: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    """Each env's stack of its last k frames, ``frames`` appended (a new array)."""
+    return np.concatenate([stacks[:, 1:], frames[:, None]], axis=1)
+
+
 @torch.no_grad()
-def evaluate(q_network: nn.Module, env_id: str, episodes: int, seed: int) -> np.ndarray:
+def evaluate(q_network: nn.Module, env_id: str, episodes: int, seed: int, k: int = 1) -> np.ndarray:
     envs = gym.vector.SyncVectorEnv([make_env(env_id)] * episodes)
     obs, _ = envs.reset(seed=seed)
+    x = np.repeat(obs[:, None], k, axis=1) if k > 1 else obs
     returns = np.zeros(episodes)
     finished = np.zeros(episodes, bool)
-    while not finished.all():
-        actions = q_network(torch.as_tensor(obs)).argmax(dim=1).numpy()
+    while not finished.all():  # (each env's first episode only: no stack restarts needed)
+        actions = q_network(torch.as_tensor(x)).argmax(dim=1).numpy()
         obs, rewards, terminations, truncations, _ = envs.step(actions)
+        x = push_frames(x, obs) if k > 1 else obs
         returns += np.where(finished, 0.0, rewards)
         finished |= terminations | truncations
     envs.close()
@@ -266,13 +287,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
 
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id)] * args.num_envs,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     n_actions = int(envs.single_action_space.n)
 
     def network() -> nn.Module:
         if args.network == "minatar":
-            return MinAtarQNetwork(envs.single_observation_space.shape, n_actions).to(device)
+            return MinAtarQNetwork(envs.single_observation_space.shape, n_actions, args.frame_stack).to(device)
         return QNetwork(obs_dim, n_actions, hidden).to(device)
 
     q_network = network()
@@ -284,8 +306,9 @@ def main() -> None:
     target_network = network()
     target_network.load_state_dict(q_network.state_dict())
     if args.buffer == "numpy":
-        rb: Any = NumpyReplayBuffer(args.buffer_size, envs.single_observation_space.shape,
-                                    envs.single_observation_space.dtype)
+        k = args.frame_stack
+        shape = envs.single_observation_space.shape
+        rb: Any = NumpyReplayBuffer(args.buffer_size, (k, *shape) if k > 1 else shape, envs.single_observation_space.dtype)
     else:
         rb = SB3Buffer(args.buffer_size, envs, device)
 
@@ -296,7 +319,7 @@ def main() -> None:
     def run_eval(step: int) -> None:
         nonlocal eval_time, eval_cpu
         t0, c0 = time.perf_counter(), time.process_time()
-        rets = evaluate(q_network, args.env_id, args.eval_episodes, args.seed + 100_000 + len(evals))
+        rets = evaluate(q_network, args.env_id, args.eval_episodes, args.seed + 100_000 + len(evals), args.frame_stack)
         eval_time += time.perf_counter() - t0
         eval_cpu += time.process_time() - c0
         evals.append((step, float(rets.mean()), float(rets.std())))
@@ -305,16 +328,26 @@ def main() -> None:
     updates = 0
     obs, _ = envs.reset(seed=args.seed)
     envs.single_action_space.seed(args.seed)
-    for global_step in range(1, args.total_timesteps + 1):
+    E, k, n, gamma = envs.num_envs, args.frame_stack, args.n_step, args.gamma
+    x = np.repeat(obs[:, None], k, axis=1) if k > 1 else obs  # the network's input
+    windows: list[list[tuple[np.ndarray, int, float]]] = [[] for _ in range(E)]  # n-step: (x, action, reward)
+    global_step = 0  # env steps
+    while global_step < args.total_timesteps:
         # ALGO LOGIC: put action logic here
         epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                  global_step)
-        if random.random() < epsilon:
-            actions = np.array([envs.single_action_space.sample() for _ in range(envs.num_envs)])
+                                  global_step + E)
+        if E == 1:
+            explore = np.array([random.random() < epsilon])
+        else:  # one draw per env
+            explore = np.array([random.random() < epsilon for _ in range(E)])
+        if explore.all():
+            actions = np.array([envs.single_action_space.sample() for _ in range(E)])
         else:
             with torch.no_grad():
-                q_values = q_network(torch.as_tensor(obs, device=device))
+                q_values = q_network(torch.as_tensor(x, device=device))
             actions = torch.argmax(q_values, dim=1).cpu().numpy()
+            for i in np.flatnonzero(explore):  # (one env: only a greedy step gets here)
+                actions[i] = envs.single_action_space.sample()
 
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
 
@@ -324,20 +357,41 @@ def main() -> None:
             for idx, ended in enumerate(infos["_final_obs"]):
                 if ended:
                     real_next_obs[idx] = infos["final_obs"][idx]
-        rb.add(obs, real_next_obs, actions, rewards, terminations)
-        obs = next_obs
+        ended = terminations | truncations
+        if k > 1:  # stacks: the real next stack ends with the final frame; a new episode restarts its stack
+            real_next_x = push_frames(x, real_next_obs)
+            next_x = push_frames(x, next_obs)
+            next_x[ended] = np.repeat(next_obs[ended][:, None], k, axis=1)
+        else:
+            real_next_x, next_x = real_next_obs, next_obs
+        if n == 1:
+            rb.add(x, real_next_x, actions, rewards, terminations, gamma)
+        else:  # per env, the window of its last n steps; an episode's end flushes its shorter windows
+            for i in range(E):
+                w = windows[i]
+                w.append((x[i], int(actions[i]), float(rewards[i])))
+                while w and (len(w) == n or ended[i]):
+                    ret = sum(gamma ** j * r for j, (_, _, r) in enumerate(w))
+                    rb.add(w[0][0][None], real_next_x[i][None], [w[0][1]], [ret], [terminations[i]], gamma ** len(w))
+                    w.pop(0)
+                    if not ended[i]:
+                        break
+        x = next_x
+        global_step += E
 
-        # ALGO LOGIC: training.
-        if global_step > args.learning_starts and global_step % args.train_frequency == 0:
+        # ALGO LOGIC: training (one round when the env steps pass a multiple of train_frequency).
+        if global_step > args.learning_starts and global_step // args.train_frequency > (global_step - E) // args.train_frequency:
             for _ in range(args.gradient_steps):
                 data = rb.sample(args.batch_size)
+                discounts = getattr(data, "discounts", None)
                 with torch.no_grad():
                     if args.double:
                         best = q_network(data.next_observations).argmax(dim=1, keepdim=True)
                         target_max = target_network(data.next_observations).gather(1, best).squeeze(1)
                     else:
                         target_max = target_network(data.next_observations).max(dim=1).values
-                    td_target = data.rewards.flatten() + args.gamma * target_max * (1 - data.dones.flatten())
+                    bootstrap = args.gamma if discounts is None else discounts.flatten()
+                    td_target = data.rewards.flatten() + bootstrap * target_max * (1 - data.dones.flatten())
                 old_val = q_network(data.observations).gather(1, data.actions).squeeze(1)
                 if args.loss == "mse":
                     loss = F.mse_loss(old_val, td_target)
@@ -353,7 +407,7 @@ def main() -> None:
                     for target_param, param in zip(target_network.parameters(), q_network.parameters()):
                         target_param.data.copy_(args.tau * param.data + (1.0 - args.tau) * target_param.data)
 
-        if args.eval_episodes and args.eval_every and global_step % args.eval_every == 0:
+        if args.eval_episodes and args.eval_every and global_step // args.eval_every > (global_step - E) // args.eval_every:
             run_eval(global_step)
     if args.eval_episodes and (not evals or evals[-1][0] < args.total_timesteps):
         run_eval(args.total_timesteps)  # as mmreplay train: the end of the run is an evaluation point

@@ -4,20 +4,24 @@
     python benchmarks/minatar_dqn.py --steps 50000 --seeds 1 --jobs 2 --out /tmp/minatar
     (runs whose results are in --out already are not run again: an interrupted run resumes)
 
-Configuration (a), the MinAtar paper's: one frame, 1-step returns, one env. ``mmreplay train ENV``
-uses its MinAtar preset (``mmreplay.train.minatar_config``); the reference is
-``benchmarks/cleanrl_dqn.py --preset minatar`` (the same algorithm and settings, a plain numpy ring
-buffer storing ``obs`` and ``next_obs``). Both evaluate ``--eval-episodes`` greedy episodes every
-``--eval-every`` env steps and at the end. Wall times are each run's training loop, evaluation
+``mmreplay train ENV`` uses its MinAtar preset (``mmreplay.train.minatar_config``); the reference
+is ``benchmarks/cleanrl_dqn.py --preset minatar`` (the same algorithm and settings, a plain numpy
+ring buffer storing ``obs`` and ``next_obs``). Two configurations (``--configs a b``):
+
+* (a) the MinAtar paper's: one frame, 1-step returns, one env;
+* (b) the image path under load: 4 envs (4 store lanes), stacks of 4 frames (rebuilt by mmreplay's
+  sampler from single stored frames; built by the reference as it steps), 3-step returns (the
+  sampler's windows; the reference's own per-env windows). One training round per vector step.
+
+Both evaluate ``--eval-episodes`` greedy episodes every ``--eval-every`` env steps and at the end. Wall times are each run's training loop, evaluation
 excluded (both report it so). A uniformly random policy's return is measured for reference.
-Configuration (b) of the issue (4 lanes, stacks of 4 rebuilt by the sampler, 3-step returns; the
-reference building its own) is not written yet.
 
 (Named ``minatar_dqn.py``, not ``minatar.py``: a script run from this folder would import such a
-file in place of the ``minatar`` package.) Runs go ``--jobs`` at a time, in the order mmreplay s1, reference s1, mmreplay s2, ... (one torch
-thread each). Results: a table per seed, the curves (mean over seeds of mmreplay against the
-reference's seed range at each evaluation), ``OUT/minatar.json`` and ``OUT/minatar.png``
-(``mmreplay plot`` of every run, the reference's evaluations written as run directories).
+file in place of the ``minatar`` package.) Runs go ``--jobs`` at a time, in the order mmreplay s1,
+reference s1, mmreplay s2, ... (one torch thread each). Results per configuration: a table per seed, the curves (mean over seeds of mmreplay
+against the reference's seed range at each evaluation), ``OUT/minatar-<config>.png``
+(``mmreplay plot`` of every run, the reference's evaluations written as run directories), and
+``OUT/minatar.json``.
 """
 
 from __future__ import annotations
@@ -64,79 +68,92 @@ def run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--env", default="MinAtar/Breakout-v1")
-    ap.add_argument("--steps", type=int, default=300_000)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--eval-every", type=int, default=50_000)
-    ap.add_argument("--eval-episodes", type=int, default=10)
-    ap.add_argument("--train-freq", type=int, default=1, help="env steps between updates, both trainers [1]")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default=None, help="where runs, logs and minatar.json go [a temp dir]")
-    args = ap.parse_args()
-    out = Path(args.out or tempfile.mkdtemp(prefix="mmreplay-minatar-"))
-    out.mkdir(parents=True, exist_ok=True)
-    common = dict(steps=args.steps, every=args.eval_every, episodes=args.eval_episodes, freq=args.train_freq)
+CONFIGS = {"a": [], "b": ["--num-envs", "4", "--frame-stack", "4", "--n-step", "3"]}
+"""Flags both trainers get per configuration (the same names in ``mmreplay train`` and the reference)."""
+
+
+def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) -> dict:
+    """Run (or reuse) every seed of one configuration for both trainers; print and return the summary."""
+    extra = CONFIGS[config]
+    common = ["--seed", "{s}", "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes), *extra]
     jobs = []
     for s in args.seeds:
-        mm = out / f"mmreplay-s{s}"
+        mm = out / f"{config}-mmreplay-s{s}"
         jobs.append(("mmreplay", s, [sys.executable, "-m", "mmreplay", "train", args.env, "--store", str(mm / "store"),
-                                     "--run-dir", str(mm / "run"), "--steps", str(common["steps"]), "--seed", str(s),
-                                     "--eval-every", str(common["every"]), "--eval-episodes", str(common["episodes"]),
-                                     "--train-freq", str(common["freq"]), "--threads", "1", "-q"]))
+                                     "--run-dir", str(mm / "run"), "--steps", str(args.steps), "--train-freq",
+                                     str(args.train_freq), "--threads", "1", "-q", *[c.format(s=s) for c in common]]))
         jobs.append(("reference", s, [sys.executable, str(HERE / "cleanrl_dqn.py"), "--preset", "minatar", "--env-id",
-                                      args.env, "--total-timesteps", str(common["steps"]), "--seed", str(s),
-                                      "--eval-every", str(common["every"]), "--eval-episodes", str(common["episodes"]),
-                                      "--train-frequency", str(common["freq"]), "--out", str(out / f"reference-s{s}.json")]))
-    done = {("mmreplay", s) for s in args.seeds if (out / f"mmreplay-s{s}" / "run" / "result.json").exists()} | {
-        ("reference", s) for s in args.seeds if (out / f"reference-s{s}.json").exists()}
-    with ThreadPoolExecutor(args.jobs) as pool:  # runs whose result is in OUT already are not run again
-        list(pool.map(lambda j: run(j[2], out / f"{j[0]}-s{j[1]}.log"), [j for j in jobs if j[:2] not in done]))
-    res: dict[str, dict[int, dict]] = {"mmreplay": {}, "reference": {}}
-    for s in args.seeds:
-        res["mmreplay"][s] = json.loads((out / f"mmreplay-s{s}" / "run" / "result.json").read_text())
-        res["reference"][s] = json.loads((out / f"reference-s{s}.json").read_text())
-    rand = random_return(args.env, 100, 12345)
-    print(f"{args.env}, configuration (a), {args.steps:,} env steps, train every {args.train_freq}, "
-          f"random policy {rand:.2f}")
+                                      args.env, "--total-timesteps", str(args.steps), "--train-frequency",
+                                      str(args.train_freq), "--out", str(out / f"{config}-reference-s{s}.json"),
+                                      *[c.format(s=s) for c in common]]))
+    result = {"mmreplay": lambda s: out / f"{config}-mmreplay-s{s}" / "run" / "result.json",
+              "reference": lambda s: out / f"{config}-reference-s{s}.json"}
+    todo = [j for j in jobs if not result[j[0]](j[1]).exists()]  # results in OUT already: not run again
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda j: run(j[2], out / f"{config}-{j[0]}-s{j[1]}.log"), todo))
+    res = {n: {s: json.loads(f(s).read_text()) for s in args.seeds} for n, f in result.items()}
+    print(f"\n{args.env}, configuration ({config}) {' '.join(extra) or '(one frame, 1-step, one env)'}, "
+          f"{args.steps:,} env steps, train every {args.train_freq}, random policy {rand:.2f}")
     print("| seed | trainer | env steps/s | training wall s | final greedy return |\n|---|---|---|---|---|")
     for s in args.seeds:
         for name, r in res.items():
             print(f"| {s} | {name} | {r[s]['steps_per_s']:,.0f} | {r[s]['wall_s']:.1f} | {r[s]['final_return']:.2f} |")
     final = {n: float(np.mean([r[s]["final_return"] for s in args.seeds])) for n, r in res.items()}
     wall = {n: float(np.mean([r[s]["wall_s"] for s in args.seeds])) for n, r in res.items()}
-    curves = {n: {int(e[0]): [] for e in r[args.seeds[0]]["evals"]} for n, r in res.items()}
+    # evaluation i of every run (mmreplay's steps can pass the multiple: it counts no autoreset step)
+    curves: dict[str, dict[int, list[float]]] = {n: {} for n in res}
+    steps: dict[int, int] = {}
     for n, r in res.items():
         for s in args.seeds:
-            for step, ret, _ in r[s]["evals"]:
-                curves[n].setdefault(int(step), []).append(ret)
-    inside = all(min(curves["reference"].get(k, [np.nan])) <= np.mean(v) <= max(curves["reference"].get(k, [np.nan]))
-                 for k, v in curves["mmreplay"].items())
+            for i, (step, ret, _) in enumerate(r[s]["evals"]):
+                curves[n].setdefault(i, []).append(ret)
+                steps.setdefault(i, int(step))
+    ref = curves["reference"]
+    inside = all(i in ref and min(ref[i]) <= np.mean(v) <= max(ref[i]) for i, v in curves["mmreplay"].items())
     print(f"final return (mean of seeds): mmreplay {final['mmreplay']:.2f}, reference {final['reference']:.2f} "
           f"({final['mmreplay'] / max(final['reference'], 1e-9):.2f}x; target >= 0.9x)")
     print(f"mmreplay's mean curve inside the reference's seed range at every evaluation: {inside}")
     print(f"training wall (mean of seeds): {wall['mmreplay'] / wall['reference']:.2f}x the reference's (target <= 1.1x)")
-    for step in sorted(curves["mmreplay"]):
-        print(f"  step {step:>8,}: mmreplay {np.mean(curves['mmreplay'][step]):6.2f}  reference "
-              f"{np.mean(curves['reference'].get(step, [np.nan])):6.2f} (range {min(curves['reference'].get(step, [np.nan])):.2f}"
-              f"..{max(curves['reference'].get(step, [np.nan])):.2f})")
-    (out / "minatar.json").write_text(json.dumps({"args": vars(args), "random_return": rand, "final": final, "wall": wall,
-                                                  "inside": inside, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}))
+    for i in sorted(curves["mmreplay"]):
+        r = ref.get(i, [np.nan])
+        print(f"  step {steps[i]:>8,}: mmreplay {np.mean(curves['mmreplay'][i]):6.2f}  reference {np.mean(r):6.2f} "
+              f"(range {min(r):.2f}..{max(r):.2f})")
     for s in args.seeds:  # the reference's evaluations as a run directory, for `mmreplay plot`
-        ref_dir = out / f"reference-s{s}"
+        ref_dir = out / f"{config}-reference-s{s}"
         ref_dir.mkdir(exist_ok=True)
         with open(ref_dir / "metrics.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=COLUMNS)
             w.writeheader()
             for step, ret, std in res["reference"][s]["evals"]:
                 w.writerow({"step": step, "eval_return": ret, "eval_std": std})
-    runs = [out / f"mmreplay-s{s}" / "run" for s in args.seeds] + [out / f"reference-s{s}" for s in args.seeds]
+    runs = [out / f"{config}-mmreplay-s{s}" / "run" for s in args.seeds] + [out / f"{config}-reference-s{s}"
+                                                                            for s in args.seeds]
     try:
-        png = plot_run(runs[0], out / "minatar.png", title=f"{args.env}: mmreplay train vs reference", compare=runs[1:])
-        print(f"plot: {png} (mmreplay plot {' '.join(map(str, runs))} --out ...)")
+        png = plot_run(runs[0], out / f"minatar-{config}.png", title=f"{args.env} ({config}): mmreplay train vs "
+                       "reference", compare=runs[1:])
+        print(f"plot: {png} (= mmreplay plot {' '.join(map(str, runs))} --out ...)")
     except ImportError as exc:
         print(f"no plot: {exc}")
+    return {"final": final, "wall": wall, "inside": inside, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", default="MinAtar/Breakout-v1")
+    ap.add_argument("--configs", nargs="+", default=["a", "b"], choices=list(CONFIGS))
+    ap.add_argument("--steps", type=int, default=300_000)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--eval-every", type=int, default=50_000)
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--train-freq", type=int, default=1, help="env steps between training rounds, both trainers [1]")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=None, help="where runs, logs and minatar.json go [a temp dir]")
+    args = ap.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="mmreplay-minatar-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rand = random_return(args.env, 100, 12345)
+    summary = {c: run_config(c, args, out, rand) for c in args.configs}
+    (out / "minatar.json").write_text(json.dumps({"args": vars(args), "random_return": rand, **summary}))
     print(f"runs and logs in {out}")
 
 
