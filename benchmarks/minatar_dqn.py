@@ -32,7 +32,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,11 +60,9 @@ def random_return(env_id: str, episodes: int, seed: int) -> float:
     return total / episodes
 
 
-def run(cmd: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
+def run(cmd: list[str], log: Path) -> None:
     with open(log, "w") as fh:
         subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=True)
-    return time.perf_counter() - t0
 
 
 CONFIGS = {"a": [], "b": ["--num-envs", "4", "--frame-stack", "4", "--n-step", "3"]}

@@ -27,12 +27,9 @@ class StepSpec:
     are not checked)."""
 
     def __init__(self, schema: Schema, layout: Layout, lanes: int, nonfinite: str) -> None:
-        rec_names = list(layout.record_dtype.names)
-        self.is_last_pos = rec_names.index("is_last")
-        """Where ``is_last`` sits among the record's fields (a single row is one structured record)."""
-        self.rec_names = [n for n in rec_names if n != "is_last"]
         self.nfields = len(schema.names)
-        self.specs = [(n, schema[n].dtype, (lanes, *schema[n].shape)) for n in self.rec_names]
+        self.specs = [(n, schema[n].dtype, (lanes, *schema[n].shape)) for n in layout.record_dtype.names
+                      if n != "is_last"]
         check = nonfinite != "allow"
         # float fields checked on the way in: a few floats sum faster as Python floats
         self.float_checks = [] if not check else [

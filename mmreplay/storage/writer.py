@@ -400,19 +400,14 @@ class Writer:
                     n = 0
                 seg = self._seg
                 k = rows - pos if rows - pos <= self.usable - n else self.usable - n
-                if rows == 1:  # one structured assignment: a single row costs about a list append
-                    vals = [flat[name][0] for name in self._steps.rec_names]
-                    vals.insert(self._steps.is_last_pos, is_last[0])
-                    seg.records[n] = tuple(vals)
-                else:
-                    cols = seg.columns
-                    whole = pos == 0 and k == rows
-                    for name, x in flat.items():
-                        cols[name][n : n + k] = x if whole else x[pos : pos + k]
-                    seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
-                    if post and not seg.rows_finite(n, n + k):
-                        seg.records[n : n + k] = self._zero_record  # never counted, never published
-                        raise _NonFinite
+                cols = seg.columns  # (a single exact row took _add_row's one-copy path instead)
+                whole = pos == 0 and k == rows
+                for name, x in flat.items():
+                    cols[name][n : n + k] = x if whole else x[pos : pos + k]
+                seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
+                if post and not seg.rows_finite(n, n + k):
+                    seg.records[n : n + k] = self._zero_record  # never counted, never published
+                    raise _NonFinite
                 self._n = n + k
                 pos += k
                 if _failpoint.ACTIVE:
