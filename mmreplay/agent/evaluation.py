@@ -28,8 +28,12 @@ def obs_to_device(obs: Any, device: torch.device) -> Any:
 
 @torch.no_grad()
 def greedy_actions(net: torch.nn.Module, obs: Any, device: torch.device) -> np.ndarray:
-    """argmax_a Q(obs, a) for a batch of observations, as int64 numpy."""
-    return net(obs_to_device(obs, device)).argmax(dim=1).cpu().numpy().astype(np.int64)
+    """argmax_a Q(obs, a) for a batch of observations, as int64 numpy (``QNetwork.greedy`` when
+    ``net`` has it)."""
+    x = obs_to_device(obs, device)
+    greedy = getattr(net, "greedy", None)
+    a = greedy(x) if greedy is not None else net(x).argmax(dim=1)
+    return a.cpu().numpy()
 
 
 def evaluate(

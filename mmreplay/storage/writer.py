@@ -165,7 +165,10 @@ class Writer:
         try:  # the first segment is made now, the next ones as the previous is taken (_supply.py)
             with self._mutex:  # once this one is half full (a short session never makes a spare)
                 self._roll()
-                if self.lanes > 1 and kernel():  # load the compiled stamping and float checks now, not in an add
+                # the compiled stamping and float checks are loaded now, not in an add: a writer of several lanes
+                # loads numba (~0.5 s); any writer warms the kernels when numba is already loaded (loading them
+                # from numba's cache took 0.5-1 s in the first publish of a training loop)
+                if kernel(load=self.lanes > 1):
                     self._seg.stamp(0, 0, 0)
                     self._seg.rows_finite(0, 0)
         except BaseException:

@@ -33,6 +33,7 @@ import logging
 import math
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..agent.evaluation import greedy_actions
-from ..agent.policy import FrameStack, QNetwork, network_spec, save_policy
+from ..agent.policy import FrameStack, QNetwork, epsilon_greedy, network_spec, save_policy
 from ._run import (
     Batches,
     Run,
@@ -227,10 +228,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
         while run.env_steps < cfg.steps and not stopped:
             # ACT: epsilon-greedy, one draw per env
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
-            explore = rng.random(n) < epsilon
-            actions = rng.integers(0, n_actions, n)
-            if not explore.all():
-                actions = np.where(explore, actions, greedy_actions(learner.q, x, run.device))
+            actions = epsilon_greedy(partial(greedy_actions, learner.q, x, run.device), n_actions, epsilon, rng, n)
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             if run.env_steps + n - resets >= cfg.steps:  # the run ends here: running
                 truncated = truncated | ~(terminated | autoreset)      # episodes are cut (truncated)

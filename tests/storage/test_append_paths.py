@@ -127,3 +127,28 @@ def test_compiled_and_numpy_stamping_write_the_same_stamps(tmp_path, schema, mon
         seqs.append(np.concatenate(got))
         st.close()
     np.testing.assert_array_equal(seqs[0], seqs[1])
+
+
+def test_a_writer_loads_the_compiled_kernels_when_it_opens_not_in_its_first_add(tmp_path):
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import numpy as np
+import mmreplay
+s = mmreplay.create_store(sys.argv[1], mmreplay.Schema.transition(obs_shape=(4,)), capacity=1000)
+w = s.writer(lanes=1)
+w.add(obs=np.zeros((1, 4), np.float32), action=np.zeros(1, np.int64), reward=np.zeros(1, np.float32),
+      terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
+w.close()
+assert "numba" not in sys.modules, "a single-lane writer loads numba"
+from mmreplay.storage import _checkkernel  # numba is loaded now (a sampler loads it too)
+assert not _checkkernel.stamp_rows.signatures
+w = s.writer(lanes=1)
+assert _checkkernel.stamp_rows.signatures and _checkkernel.rows_finite.signatures, "kernels left to the first add"
+w.close()
+s.close()
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]

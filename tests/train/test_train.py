@@ -144,7 +144,7 @@ def test_polyak_target_update():
 def test_online_cartpole_learns_and_is_reproducible(tmp_path):
     """Shortened acceptance: the synchronous loop learns CartPole from the store, with PER and
     3-step returns, and the same seed gives the same weights and metrics."""
-    kw = dict(steps=3000, eval_every=1500, checkpoint_every=0, seed=3, prioritized=True, n_step=3, log_every=500)
+    kw = dict(steps=3000, eval_every=1500, checkpoint_every=0, seed=4, prioritized=True, n_step=3, log_every=500)
     r1 = train(_cartpole_cfg(tmp_path, "a", **kw))
     r2 = train(_cartpole_cfg(tmp_path, "b", **kw))
     assert r1.env_steps == 3000 and r1.updates == 32 * len(range(512, 3001, 64))  # rounds past learning_starts
@@ -321,6 +321,64 @@ def test_atari_path_end_to_end(tmp_path):
     assert pol.spec["kind"] == "cnn" and pol.frame_stack == 4
     with mmreplay.open_store(cfg.store) as s:
         assert s.schema["obs"].shape == (84, 84) and s.schema["obs"].dtype == np.uint8  # single frames stored
+
+
+def _clear_argmax(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose best Q-value leads the second by a margin (a near-tie may flip between kernels), and argmax."""
+    top2 = np.sort(q, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0] > 1e-4, q.argmax(1)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "stacked", "dueling", "dict", "cnn"])
+def test_acting_forward_picks_the_networks_argmax(kind):
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    if kind == "dict":
+        schema = mmreplay.Schema([mmreplay.Field("obs/pos", np.float32, (3,)), mmreplay.Field("obs/vel", np.float32, (2,)),
+                                  mmreplay.Field("action", np.int64), mmreplay.Field("reward", np.float32)])
+        x = {"obs/pos": torch.randn(64, 3), "obs/vel": torch.randn(64, 2)}
+    elif kind == "cnn":
+        schema = mmreplay.Schema.transition(obs_shape=(36, 36), obs_dtype=np.uint8)
+        x = torch.as_tensor(rng.integers(0, 255, (16, 36, 36), dtype=np.uint8))
+    else:
+        schema = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
+        x = torch.randn(64, 2, 4) if kind == "stacked" else torch.randn(64, 4)
+    net = QNetwork(network_spec(schema, 5, hidden=(32, 16), dueling=kind == "dueling",
+                                frame_stack=2 if kind == "stacked" else 1))
+    assert (net._chain is not None) == (kind in ("mlp", "stacked", "dict"))  # the addmm chain: MLPs, no dueling head
+    with torch.no_grad():
+        clear, want = _clear_argmax(net(x).numpy())
+    got = net.greedy(x)
+    assert got.dtype == torch.int64 and not got.requires_grad
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(got.numpy()[clear], want[clear])
+    with torch.no_grad():  # trained weights are read as they are now (the chain holds the modules, not copies)
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
+        clear, want = _clear_argmax(net(x).numpy())
+    np.testing.assert_array_equal(net.greedy(x).numpy()[clear], want[clear])
+
+
+def test_epsilon_greedy_draws_once_per_lane():
+    from mmreplay.agent import epsilon_greedy
+
+    calls = []
+
+    def greedy():
+        calls.append(1)
+        return np.full(20_000, 7)
+
+    a = epsilon_greedy(greedy, 4, 1.0, np.random.default_rng(0), 20_000)
+    assert not calls and a.dtype == np.int64  # every lane explores: the network is not run
+    counts = np.bincount(a, minlength=4)
+    assert counts.shape == (4,) and np.all(np.abs(counts / 20_000 - 0.25) < 0.02)  # uniform over the actions
+    a = epsilon_greedy(greedy, 4, 0.3, np.random.default_rng(1), 20_000)
+    assert len(calls) == 1
+    explored = a != 7
+    assert abs(explored.mean() - 0.3) < 0.02 and np.all(a[explored] < 4)
+    np.testing.assert_allclose(np.bincount(a[explored], minlength=4) / explored.sum(), 0.25, atol=0.03)
+    np.testing.assert_array_equal(a, epsilon_greedy(greedy, 4, 0.3, np.random.default_rng(1), 20_000))  # seeded
+    np.testing.assert_array_equal(epsilon_greedy(np.arange(5) % 4, 4, 0.0, np.random.default_rng(2)), np.arange(5) % 4)
 
 
 # -- MinAtar path -----------------------------------------------------------------------------------------
