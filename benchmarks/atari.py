@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/atari.py            # full size: capacity 200,000, 3 s loops, 3 repeats
     .venv/bin/python benchmarks/atari.py --quick    # smoke run: capacity 20,000, 1 s loops, 1 repeat
+    .venv/bin/python benchmarks/atari.py --systems mmreplay,cpprb --lanes 1 8 --repeats 5
+                                                    # data written by 1 env and by 8 (a vector env's lanes)
 
 What it measures
 ----------------
@@ -36,6 +38,16 @@ Systems (each filled once with the same episodes, then sampled):
 * ``numpy gather``: a pre-stacked in-RAM array (N, 4, 84, 84) uint8 and ``arr[idx]``,
   ``arr[idx + 1]``, the floor any in-RAM stacked store pays. To keep the full-size run within
   RAM, the array is SB3's own observation array (the same layout) when SB3 is present.
+
+Lanes (``--lanes 1 8``): a vector env of L envs writes rows (time, lane), so the frames of one
+stack are L rows apart. With L > 1 the plan's episodes are dealt to L lanes (each to the lane
+whose stream is shortest so far), written through ``store.writer(lanes=L)`` in chunks of 256
+steps (the streams are cut to the shortest; a cut episode's last steps are not sampled), and
+the three mmreplay rows are repeated for that store, marked ``[L lanes]``. cpprb has no lanes:
+its ``stack_compress`` rebuilds a stack from the previous *adds*, so it is correct only when fed
+one stream. The row ``cpprb ... [L lanes]`` feeds it L envs' steps interleaved, one ``add`` per
+env per vector step, as a vector-env loop would: its sanity line counts the wrong stacks, and it
+is left out of the best-peer ratios.
 
 Timing: batches per second at B=32 and B=256, each a time-bounded loop (``--seconds``, default
 3 s) after one warm-up call; ``--repeats`` (default 3) interleaved repeats of the sampling phase
@@ -243,12 +255,63 @@ class System:
     notes: list[str] = field(default_factory=list)
 
 
+def lane_streams(plan: Plan, lanes: int) -> list[list[Episode]]:
+    """The plan's episodes dealt to ``lanes`` envs: each episode goes to the lane whose stream (T + 1
+    rows per episode) is shortest so far, as a vector env's lanes run their own episodes."""
+    streams: list[list[Episode]] = [[] for _ in range(lanes)]
+    rows = [0] * lanes
+    for ep in episodes(plan):
+        j = rows.index(min(rows))
+        streams[j].append(ep)
+        rows[j] += ep.T + 1
+    return streams
+
+
+def lane_rows(stream: list[Episode], length: int) -> dict[str, np.ndarray]:
+    """One lane's first ``length`` rows (pool id of the frame, action, reward, terminated); an
+    episode's final observation is a row of its own, as ``mmreplay.Writer`` stores it."""
+    frames = np.concatenate([ep.frames for ep in stream])[:length]
+    zero_i, zero_f = np.zeros(1, np.int64), np.zeros(1, np.float32)
+    action = np.concatenate([np.concatenate([ep.action, zero_i]) for ep in stream])[:length]
+    reward = np.concatenate([np.concatenate([ep.reward, zero_f]) for ep in stream])[:length]
+    term = np.concatenate([np.concatenate([ep.done, [False]]) for ep in stream])[:length]
+    return {"frames": frames, "action": action, "reward": reward, "terminated": term}
+
+
 class MMReplay:
-    def __init__(self, plan: Plan, pool: np.ndarray, base: Path) -> None:
+    def __init__(self, plan: Plan, pool: np.ndarray, base: Path, lanes: int = 1) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="mmreplay-", dir=base)) / "store"
+        self.lanes = lanes
         schema = mmreplay.Schema.transition(obs_shape=(H, W), obs_dtype=np.uint8)
         # capacity in rows (T + 1 per episode): all the plan's transitions fit, nothing is evicted
         self.store = mmreplay.create_store(self.path, schema, capacity=plan.rows)
+        if lanes > 1:
+            self._fill_lanes(plan, pool)
+        else:
+            self._fill_one(plan, pool)
+        self.store.refresh()
+        self.rows = self.store.num_rows
+        self.seg_bytes = dir_bytes(self.path / "segments")
+        self.seg_alloc = sum(p.stat().st_blocks * 512 for p in (self.path / "segments").rglob("*") if p.is_file())
+        self.bytes_per_step = self.seg_bytes / self.rows
+        self.rng = np.random.default_rng(1)
+
+    def _fill_lanes(self, plan: Plan, pool: np.ndarray, chunk: int = 256) -> None:
+        """``lanes`` envs written through one writer, rows (time, lane): a lane's consecutive steps are
+        ``lanes`` rows apart. The streams are cut to the shortest (a cut episode has no final row: its
+        last steps are not sampled)."""
+        streams = lane_streams(plan, self.lanes)
+        length = min(sum(ep.T + 1 for ep in st) for st in streams)
+        cols = [lane_rows(st, length) for st in streams]
+        with self.store.writer(lanes=self.lanes) as w:
+            for t0 in range(0, length, chunk):
+                t1 = min(t0 + chunk, length)
+                ids = np.stack([c["frames"][t0:t1] for c in cols], axis=1)  # (T, lanes)
+                w.add_batch(obs=pool[ids], **{k: np.stack([c[k][t0:t1] for c in cols], axis=1)
+                                              for k in ("action", "reward", "terminated")},
+                            truncated=np.zeros(ids.shape, np.bool_))
+
+    def _fill_one(self, plan: Plan, pool: np.ndarray) -> None:
         with self.store.writer(lanes=1) as w:
             for ep in episodes(plan):
                 R = ep.T + 1
@@ -260,33 +323,29 @@ class MMReplay:
                 term[: ep.T, 0] = ep.done
                 w.add_batch(obs=pool[ep.frames][:, None], action=action, reward=reward, terminated=term,
                             truncated=np.zeros((R, 1), np.bool_))
-        self.store.refresh()
-        self.rows = self.store.num_rows
-        self.seg_bytes = dir_bytes(self.path / "segments")
-        self.seg_alloc = sum(p.stat().st_blocks * 512 for p in (self.path / "segments").rglob("*") if p.is_file())
-        self.bytes_per_step = self.seg_bytes / self.rows
-        self.rng = np.random.default_rng(1)
 
     @staticmethod
     def _batch(b: mmreplay.TransitionBatch) -> Batch:
         return {"obs": b.obs, "next_obs": b.next_obs, "action": b.action, "reward": b.reward, "done": b.terminated}
 
     def systems(self) -> list[System]:
-        note = (f"{self.rows:,} rows (T+1 per episode); segment files {gb(self.seg_bytes)} by size, "
-                f"{gb(self.seg_alloc)} allocated on disk ({self.seg_alloc / self.rows:,.0f} bytes/row)")
+        note = (f"{self.rows:,} rows (T+1 per episode) written by {self.lanes} lane(s); segment files "
+                f"{gb(self.seg_bytes)} by size, {gb(self.seg_alloc)} allocated on disk "
+                f"({self.seg_alloc / self.rows:,.0f} bytes/row)")
+        tag = lanes_tag(self.lanes)
         out = []
         s1 = mmreplay.UniformSampler(self.store, frame_stack=STACK, seed=0)
 
         def uniform(b: int, s=s1) -> Batch:
             return self._batch(s.sample(b))
 
-        out.append(System(MM_MAIN, "disk segments", uniform, uniform, self.bytes_per_step, notes=[note]))
+        out.append(System(MM_MAIN + tag, "disk segments", uniform, uniform, self.bytes_per_step, notes=[note]))
         s3 = mmreplay.UniformSampler(self.store, frame_stack=STACK, n_step=3, gamma=0.99, seed=0)
 
         def nstep(b: int, s=s3) -> Batch:
             return self._batch(s.sample(b))
 
-        out.append(System("mmreplay (n-step 3 + frame stacks)", "disk segments", nstep, nstep, self.bytes_per_step,
+        out.append(System("mmreplay (n-step 3 + frame stacks)" + tag, "disk segments", nstep, nstep, self.bytes_per_step,
                           one_step=False))
         per = mmreplay.PrioritizedSampler(self.store, frame_stack=STACK, n_step=3, seed=0)
         rng = self.rng
@@ -299,7 +358,7 @@ class MMReplay:
         def per_sample(b: int, s=per) -> Batch:
             return self._batch(s.sample(b))
 
-        out.append(System("mmreplay PER (sample+update, n-step 3, stacks)", "disk segments", per_op, per_sample,
+        out.append(System("mmreplay PER (sample+update, n-step 3, stacks)" + tag, "disk segments", per_op, per_sample,
                           self.bytes_per_step, one_step=False))
         return out
 
@@ -307,7 +366,14 @@ class MMReplay:
         self.store.close()
 
 
-def make_cpprb(plan: Plan, scratch: Scratch) -> System:
+def lanes_tag(lanes: int) -> str:
+    return "" if lanes == 1 else f" [{lanes} lanes]"
+
+
+def make_cpprb(plan: Plan, scratch: Scratch, lanes: int = 1) -> System:
+    """cpprb fed one stream (``lanes=1``: its compression is right), or ``lanes`` envs' steps
+    interleaved as a vector-env loop adds them (one ``add`` per env per step): ``stack_compress``
+    then rebuilds stacks from the previous *adds*, which belong to other envs."""
     from cpprb import ReplayBuffer
 
     n = plan.transitions
@@ -325,11 +391,25 @@ def make_cpprb(plan: Plan, scratch: Scratch) -> System:
         next_of="obs",
         stack_compress="obs",
     )
-    for ep in episodes(plan):
-        o, nx = scratch.stacks(ep)
-        rb.add(obs=np.moveaxis(o, 1, -1), next_obs=np.moveaxis(nx, 1, -1), act=ep.action, rew=ep.reward,
-               done=ep.done.astype(np.float32))
-        rb.on_episode_end()
+    if lanes == 1:
+        for ep in episodes(plan):
+            o, nx = scratch.stacks(ep)
+            rb.add(obs=np.moveaxis(o, 1, -1), next_obs=np.moveaxis(nx, 1, -1), act=ep.action, rew=ep.reward,
+                   done=ep.done.astype(np.float32))
+            rb.on_episode_end()
+    else:  # per vector step, one add per env (its right stacks), lanes interleaved
+        streams = [iter([(ep, t) for ep in st for t in range(ep.T)]) for st in lane_streams(plan, lanes)]
+        pool = scratch.pool
+        live = list(range(lanes))
+        while live:
+            for j in list(live):
+                step = next(streams[j], None)
+                if step is None:
+                    live.remove(j)
+                    continue
+                ep, t = step
+                rb.add(obs=np.moveaxis(pool[ep.obs_ids[t]], 0, -1), next_obs=np.moveaxis(pool[ep.next_ids[t]], 0, -1),
+                       act=ep.action[t], rew=ep.reward[t], done=float(ep.done[t]))
     gc.collect()
     stored = rb.get_stored_size()
     grown = rss() - before
@@ -339,7 +419,7 @@ def make_cpprb(plan: Plan, scratch: Scratch) -> System:
         return {"obs": np.moveaxis(s["obs"], -1, 1), "next_obs": np.moveaxis(s["next_obs"], -1, 1),
                 "action": s["act"].reshape(-1), "reward": s["rew"].reshape(-1), "done": s["done"].reshape(-1)}
 
-    sysm = System("cpprb (next_of + stack_compress)", "RAM", sample, sample, grown / stored,
+    sysm = System("cpprb (next_of + stack_compress)" + lanes_tag(lanes), "RAM", sample, sample, grown / stored,
                   notes=[f"RSS growth {gb(grown)} for {stored:,} transitions; obs declared (84, 84, 4), "
                          "returned as (B, 4, 84, 84) moveaxis views"])
     sysm.keep = rb  # type: ignore[attr-defined]
@@ -478,6 +558,10 @@ def main() -> None:
     ap.add_argument("--torchrl-capacity", type=int, default=None, help="override TorchRL's capacity")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch.set_num_threads for SB3 and TorchRL")
     ap.add_argument("--systems", default="mmreplay,cpprb,torchrl,sb3,numpy", help="comma-separated subset")
+    ap.add_argument("--lanes", type=int, nargs="+", default=[1],
+                    help="mmreplay stores written by this many lanes (rows (time, lane), as a vector env writes "
+                         "them), one store each, e.g. --lanes 1 8; with more than 1, cpprb is also fed that many "
+                         "envs' steps interleaved (its stacks are then wrong: the sanity line counts them) [1]")
     args = ap.parse_args()
     if args.quick:
         args.capacity, args.seconds, args.repeats = 20_000, 1.0, 1
@@ -497,7 +581,7 @@ def main() -> None:
 
     # -- resource plan ----------------------------------------------------------------------
     per_trn_torchrl = 2 * STACKED_BYTES + 8 + 4 + 1
-    mm_est = plan.rows * (FRAME_BYTES + 64) + (64 << 20)
+    mm_est = len(args.lanes) * (plan.rows * (FRAME_BYTES + 64) + (64 << 20))
     free_disk = shutil.disk_usage(base).free
     tr_cap = min(n, args.torchrl_capacity or n)
     if "torchrl" in wanted and args.torchrl_capacity is None:
@@ -508,7 +592,7 @@ def main() -> None:
                   f"TorchRL gets capacity {tr_cap:,} instead of {n:,}", flush=True)
     avail = mem_available()
     sb3_need = n * STACKED_BYTES
-    cpprb_need = n * FRAME_BYTES
+    cpprb_need = n * FRAME_BYTES * (1 + sum(x > 1 for x in args.lanes))
     if "sb3" in wanted and avail < sb3_need + cpprb_need + (2 << 30):
         wanted.discard("sb3")
         print(f"NOTE: skipping SB3: it needs {gb(sb3_need)} of RAM, {gb(avail)} available "
@@ -549,13 +633,16 @@ def main() -> None:
             build("numpy", lambda: make_numpy(plan, scratch, shared))
         if "cpprb" in wanted:
             build("cpprb", lambda: make_cpprb(plan, scratch))
+            for lanes in (x for x in args.lanes if x > 1):
+                build(f"cpprb fed {lanes} interleaved envs", lambda lanes=lanes: make_cpprb(plan, scratch, lanes))
         if "mmreplay" in wanted:
-            def mm() -> list[System]:
-                m = MMReplay(plan, pool, base)
-                closers.append(m.close)
-                return m.systems()
+            for lanes in args.lanes:
+                def mm(lanes: int = lanes) -> list[System]:
+                    m = MMReplay(plan, pool, base, lanes)
+                    closers.append(m.close)
+                    return m.systems()
 
-            build("mmreplay", mm)
+                build(f"mmreplay{lanes_tag(lanes)}", mm)
         if "torchrl" in wanted and tr_cap > 0:
             build("torchrl", lambda: make_torchrl(plan, scratch, base, tr_cap))
             if tr_cap < n:
@@ -616,13 +703,18 @@ def main() -> None:
         r = med[s.name]
         print(f"| {s.name} | {s.storage} | {r[32]:,.0f} | {r[256]:,.0f} | {s.bytes_per_step:,.0f} |")
 
-    mm = med.get(MM_MAIN)
-    peers = [s.name for s in systems if s.name.split(" ")[0].lower() in PEER_NAMES and s.name not in broken]
+    # peers as their users run them correctly: cpprb fed interleaved envs returns wrong stacks, so it is no peer
+    peers = [s.name for s in systems if s.name.split(" ")[0].lower() in PEER_NAMES and s.name not in broken
+             and "lanes]" not in s.name]
     torchrl = next((p for p in peers if p.startswith("TorchRL")), None)
     npy = next((s.name for s in systems if s.name.startswith("numpy") and s.name not in broken), None)
-    if mm is not None:
+    for lanes in args.lanes:
+        main_name = MM_MAIN + lanes_tag(lanes)
+        mm = med.get(main_name)
+        if mm is None:
+            continue
         print()
-        print("| ratio (mmreplay frame stacks over) | B=32 | B=256 | target |")
+        print(f"| ratio (mmreplay frame stacks, {lanes} lane(s), over) | B=32 | B=256 | target |")
         print("|---|---:|---:|---|")
         if peers:
             best = {b: max(peers, key=lambda p: med[p][b]) for b in BATCHES}
@@ -637,9 +729,9 @@ def main() -> None:
         if npy:
             print(f"| numpy gather baseline | {mm[32] / med[npy][32]:.2f}x | {mm[256] / med[npy][256]:.2f}x "
                   f"| (reference) |")
-        mm_sys = next(s for s in systems if s.name == MM_MAIN)
-        print(f"\nmmreplay stores {mm_sys.bytes_per_step:,.0f} bytes per step on disk (target ~7 KB; one frame is "
-              f"{FRAME_BYTES:,} bytes)")
+        mm_sys = next(s for s in systems if s.name == main_name)
+        print(f"\nmmreplay ({lanes} lane(s)) stores {mm_sys.bytes_per_step:,.0f} bytes per step on disk (target "
+              f"~7 KB; one frame is {FRAME_BYTES:,} bytes)")
     if errors:
         print("\nerrors:")
         for e in errors:
