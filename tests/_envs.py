@@ -90,3 +90,15 @@ class CrashingEnv(gym.Env):
         if self.odd and self.n > 300:
             raise RuntimeError("simulated env crash")
         return np.full(3, (self.n % 10) / 10, np.float32), 1.0, self.n % 25 == 0, False, {}
+
+
+def thread_probe_cartpole():
+    """CartPole that writes the torch intra-op thread count of the process making it to the file
+    named by ``MMREPLAY_TEST_THREADS_FILE``."""
+    import os
+
+    import torch
+
+    with open(os.environ["MMREPLAY_TEST_THREADS_FILE"], "w") as f:
+        f.write(str(torch.get_num_threads()))
+    return gym.make("CartPole-v1")

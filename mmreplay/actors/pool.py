@@ -78,6 +78,14 @@ class CollectResult:
 # -- processes -----------------------------------------------------------------------------
 def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C goes to the group
+    # one torch intra-op thread per actor process (unless OMP_NUM_THREADS says otherwise): a policy's forward
+    # pass is over a few observations and runs beside the learner and the other actors; torch's default, a
+    # thread per core in each, oversubscribed the cores (`mmreplay train --atari --actors 2`: 47 env steps/s
+    # on 2 cores in benchmarks/atari_train.py, 148 with one thread). Set before torch is imported, if it is.
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     parent = os.getppid()
     w = cfg.worker
 

@@ -106,12 +106,6 @@ class _EpsGreedy:
         self._checked = 0.0
         self.policy: Any = None
         self._stack: Any = None
-        import torch
-
-        # one intra-op thread: an actor's forward pass is over a few observations, and it runs beside the
-        # learner and the other actors (torch's default, a thread per core in every actor, oversubscribed the
-        # cores: `mmreplay train --actors 2` on Atari ran 47 env steps/s on 2 cores in benchmarks/atari_train.py)
-        torch.set_num_threads(1)
         self._load()
 
     def _load(self) -> None:

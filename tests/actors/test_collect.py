@@ -198,19 +198,18 @@ def test_eps_greedy_policy_from_a_policy_file(tmp_path):
     np.testing.assert_array_equal(q.argmax(1)[clear], b.action[clear])  # greedy: every action is the net's
 
 
-def test_an_actor_acting_with_a_network_runs_torch_on_one_thread(tmp_path):
+def test_an_actor_process_runs_torch_on_one_thread(tmp_path, monkeypatch):
     """Actors run beside the learner and each other: torch's default (a thread per core in each)
-    oversubscribed the cores."""
-    collect("CartPole-v1", tmp_path / "s", 100, workers=0, seed=0, progress=False)
-    with mmreplay.open_store(tmp_path / "s") as store:
-        pol = _policy_file(tmp_path / "p.pt", store.schema, epsilon=0.1)
-    code = ("import sys, torch; torch.set_num_threads(2); from mmreplay.actors import collect; "
-            "r = collect('CartPole-v1', sys.argv[1], 200, workers=0, seed=1, progress=False, "
-            "policy='eps-greedy:' + sys.argv[2] + ':0'); assert not r.errors, r.errors; print(torch.get_num_threads())")
-    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "g"), str(pol)], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split()[-1] == "1"
+    oversubscribed the cores. The calling process's own setting is left alone."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MMREPLAY_TEST_THREADS_FILE", str(tmp_path / "threads"))
+    before = torch.get_num_threads()
+    res = collect(_envs.thread_probe_cartpole, tmp_path / "s", 200, workers=1, seed=1, progress=False)
+    assert not res.errors, res.errors
+    assert (tmp_path / "threads").read_text() == "1"
+    assert torch.get_num_threads() == before
 
 
 def test_actor_pool_respects_the_limit_and_follows_new_weights(tmp_path):
