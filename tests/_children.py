@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -35,17 +37,29 @@ def check_rows(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminat
     return None
 
 
-def writer(path: str, key: int, rows: int, durability: str = "segment", publish_rows: int = 1) -> None:
+def writer(path: str, key: int, rows: int, durability: str = "segment", publish_rows: int = 1,
+           ack: Callable[[int], None] | None = None) -> None:
+    """Append ``rows`` rows as writer ``key``; after each ``add`` returned, ``ack(seq)`` (default:
+    the sequence number as a line on stdout)."""
     store = mmreplay.open_store(path, mode="a")
     w = store.writer(lanes=1, durability=durability, publish_rows=publish_rows)
-    out = sys.stdout
+    if ack is None:
+        def ack(seq: int) -> None:
+            sys.stdout.write(f"{seq}\n")
+            sys.stdout.flush()
     for seq in range(rows):
         w.add(obs=np.array([[key, seq, content(key, seq)]], np.float32), action=np.array([seq], np.int64),
               reward=np.array([key], np.float32), terminated=np.array([seq % 37 == 36]), truncated=np.array([False]))
-        out.write(f"{seq}\n")
-        out.flush()
+        ack(seq)
     w.close()
     store.close()
+
+
+def piped_writer(path: str, key: int, rows: int, conn: Connection) -> None:
+    """``writer`` in a process started by multiprocessing (the torture test's fork server, which
+    has mmreplay imported already): each acknowledgement is sent on ``conn``."""
+    writer(path, key, rows, ack=conn.send)
+    conn.close()
 
 
 def sampler(path: str, seconds: float) -> None:
