@@ -19,6 +19,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,12 +96,14 @@ def check_policy(spec: PolicySpec, observation_space: Any, action_space: Any) ->
 class _EpsGreedy:
     """ε-greedy over a policy file, reloaded when the file changes; keeps frame stacks per lane."""
 
-    def __init__(self, spec: PolicySpec, action_space: Any, seed: int) -> None:
+    def __init__(self, spec: PolicySpec, seed: int) -> None:
         if spec.path is None:
             raise ValueError("an eps-greedy policy needs a checkpoint path")
+        from ..agent.policy import epsilon_greedy  # (torch: imported where a policy is used)
+
         self.spec = spec
         self.path = Path(spec.path)
-        self.action_space = action_space
+        self._choose = epsilon_greedy
         self.rng = np.random.default_rng(seed)
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
@@ -139,13 +142,10 @@ class _EpsGreedy:
                 x = self._stack.reset(x)
             else:
                 x = self._stack.push(x, new_episode)
-        actions = np.asarray(self.policy.act(x))
-        n = len(new_episode)
-        explore = self.rng.random(n) < self.epsilon
-        if explore.any():
-            actions = actions.copy()
-            actions[explore] = np.asarray(self.action_space.sample())[explore]
-        return actions
+        # the network runs only if some lane does not explore (the policy's actions match the env's:
+        # check_policy)
+        return self._choose(partial(self.policy.act, x), self.policy.n_actions, self.epsilon, self.rng,
+                            len(new_episode))
 
 
 # -- one worker ----------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def run_worker(
     E = cfg.envs
     cut = cfg.cut_episodes
     if ours and cfg.policy.kind == "eps-greedy":
-        act: Any = _EpsGreedy(cfg.policy, envs.action_space, cfg.seed + 7919 * (cfg.worker + 1))
+        act: Any = _EpsGreedy(cfg.policy, cfg.seed + 7919 * (cfg.worker + 1))
     elif ours:
         envs.action_space.seed(cfg.seed + cfg.worker)
         act = lambda obs, new: envs.action_space.sample()  # noqa: E731
