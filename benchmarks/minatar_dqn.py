@@ -106,15 +106,22 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
                 curves[n].setdefault(i, []).append(ret)
                 steps.setdefault(i, int(step))
     ref = curves["reference"]
-    inside = all(i in ref and min(ref[i]) <= np.mean(v) <= max(ref[i]) for i, v in curves["mmreplay"].items())
+
+    def where(i: int) -> str:  # mmreplay's mean at evaluation i against the reference's seed range
+        m, r = np.mean(curves["mmreplay"][i]), ref.get(i)
+        return "missing" if not r else "below" if m < min(r) else "above" if m > max(r) else "inside"
+
+    places = {i: where(i) for i in curves["mmreplay"]}
+    inside = all(p == "inside" for p in places.values())
     print(f"final return (mean of seeds): mmreplay {final['mmreplay']:.2f}, reference {final['reference']:.2f} "
           f"({final['mmreplay'] / max(final['reference'], 1e-9):.2f}x; target >= 0.9x)")
-    print(f"mmreplay's mean curve inside the reference's seed range at every evaluation: {inside}")
+    print(f"mmreplay's mean curve inside the reference's seed range at every evaluation: {inside} "
+          f"(below it at {sum(p == 'below' for p in places.values())} of {len(places)} evaluations)")
     print(f"training wall (mean of seeds): {wall['mmreplay'] / wall['reference']:.2f}x the reference's (target <= 1.1x)")
     for i in sorted(curves["mmreplay"]):
         r = ref.get(i, [np.nan])
         print(f"  step {steps[i]:>8,}: mmreplay {np.mean(curves['mmreplay'][i]):6.2f}  reference {np.mean(r):6.2f} "
-              f"(range {min(r):.2f}..{max(r):.2f})")
+              f"(range {min(r):.2f}..{max(r):.2f}): {places[i]}")
     for s in args.seeds:  # the reference's evaluations as a run directory, for `mmreplay plot`
         ref_dir = out / f"{config}-reference-s{s}"
         ref_dir.mkdir(exist_ok=True)
@@ -131,7 +138,7 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
         print(f"plot: {png} (= mmreplay plot {' '.join(map(str, runs))} --out ...)")
     except ImportError as exc:
         print(f"no plot: {exc}")
-    return {"final": final, "wall": wall, "inside": inside, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
+    return {"final": final, "wall": wall, "inside": inside, "places": places, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
 
 
 def main() -> None:
