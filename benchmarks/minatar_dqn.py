@@ -109,7 +109,7 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
 
     def where(i: int) -> str:  # mmreplay's mean at evaluation i against the reference's seed range
         m, r = np.mean(curves["mmreplay"][i]), ref.get(i)
-        return "missing" if not r else "below" if m < min(r) else "above" if m > max(r) else "inside"
+        return "missing" if not r else "below" if m < min(r) - 1e-9 else "above" if m > max(r) + 1e-9 else "inside"
 
     places = {i: where(i) for i in curves["mmreplay"]}
     inside = all(p == "inside" for p in places.values())
