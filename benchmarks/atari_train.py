@@ -122,6 +122,7 @@ def sb3_child(args: argparse.Namespace) -> None:
         return gym.wrappers.ReshapeObservation(make_env(ENV, atari=True), (1, 84, 84))
 
     torch.manual_seed(args.seed)
+    torch.set_flush_denormal(True)  # as `mmreplay train` does on the CPU (its --flush-denormal default)
     env = VecFrameStack(DummyVecEnv([make]), n_stack=4, channels_order="first")
     env.seed(args.seed)
     model = DQN("CnnPolicy", env, buffer_size=args.capacity, learning_starts=args.learning_starts, batch_size=32,

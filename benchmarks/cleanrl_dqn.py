@@ -98,6 +98,8 @@ class Args:
     """env steps between evaluations, 0: at the end only"""
     eval_episodes: int = 20
     threads: int = 1
+    flush_denormal: bool = True
+    """flush denormal floats to zero (torch.set_flush_denormal), as ``mmreplay train`` does by default"""
     fused_adam: bool = False
     num_envs: int = 1
     """envs of the vector env (several: one ε draw per env, one training round per vector step)"""
@@ -285,6 +287,7 @@ def main() -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(args.flush_denormal)
     device = torch.device("cpu")
 
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id)] * args.num_envs,

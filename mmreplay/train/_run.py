@@ -144,6 +144,8 @@ class Run:
             torch.set_num_threads(cfg.threads)
         elif self.device.type == "cpu" and not cfg.atari:
             torch.set_num_threads(1)  # small MLP matmuls lose more to thread hand-offs than they gain
+        if cfg.flush_denormal and self.device.type == "cpu":
+            torch.set_flush_denormal(True)  # (a no-op where the CPU cannot)
         torch.manual_seed(cfg.seed)
         self.payload = load_checkpoint(ckpt, self.device) if cfg.resume else None
         counters = self.payload["counters"] if self.payload else {}
