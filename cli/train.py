@@ -101,8 +101,8 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--compile",), dict(is_flag=True, default=None, help="torch.compile the Q network.")),
     (("--profile",), dict(is_flag=True, default=None, help="torch profiler trace of a few updates.")),
     (("--threads",), dict(type=_INT, help="torch intra-op threads. [1 for MLPs on CPU]")),
-    (("--flush-denormal/--no-flush-denormal",), dict(default=None, help="On the CPU, flush denormal floats to zero "
-                                                        "(faster; torch.set_flush_denormal). [yes]")),
+    (("--flush-denormal/--no-flush-denormal",), dict(help="On the CPU, flush denormal floats to zero (faster; "
+                                                          "torch.set_flush_denormal). [yes]")),
     (("--loader/--no-loader",), dict(help="Offline/actors: batches from a BatchLoader thread. [on CUDA only]")),
     (("--prefetch",), dict(type=_INT, help="Batches the loader prepares ahead. [2]")),
 ]
