@@ -19,7 +19,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,11 +98,8 @@ class _EpsGreedy:
     def __init__(self, spec: PolicySpec, seed: int) -> None:
         if spec.path is None:
             raise ValueError("an eps-greedy policy needs a checkpoint path")
-        from ..agent.policy import epsilon_greedy  # (torch: imported where a policy is used)
-
         self.spec = spec
         self.path = Path(spec.path)
-        self._choose = epsilon_greedy
         self.rng = np.random.default_rng(seed)
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
@@ -142,10 +138,8 @@ class _EpsGreedy:
                 x = self._stack.reset(x)
             else:
                 x = self._stack.push(x, new_episode)
-        # the network runs only if some lane does not explore (the policy's actions match the env's:
-        # check_policy)
-        return self._choose(partial(self.policy.act, x), self.policy.n_actions, self.epsilon, self.rng,
-                            len(new_episode))
+        # the policy's actions are the env's (check_policy); its network runs only for lanes that act greedily
+        return self.policy.act(x, self.epsilon, self.rng)
 
 
 # -- one worker ----------------------------------------------------------------------------

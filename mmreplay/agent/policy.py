@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -303,12 +304,18 @@ class Policy:
         """Q-values ``(B, n_actions)`` as float32 numpy for a batch of observations."""
         return self.net(self._tensors(obs)).float().cpu().numpy()
 
+    def greedy(self, obs: Any) -> np.ndarray:
+        """Greedy actions ``(B,)`` int64 for a batch of observations."""
+        return self.q_values(obs).argmax(axis=1).astype(np.int64)
+
     def act(self, obs: Any, epsilon: float = 0.0, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Greedy actions ``(B,)`` int64; with ``epsilon > 0``, epsilon-greedy drawn from ``rng``."""
-        greedy = self.q_values(obs).argmax(axis=1).astype(np.int64)
+        """Greedy actions ``(B,)`` int64; with ``epsilon > 0``, epsilon-greedy drawn from ``rng`` (the
+        network runs only when some observation is acted on greedily)."""
         if epsilon <= 0:
-            return greedy
-        return epsilon_greedy(greedy, self.n_actions, epsilon, rng if rng is not None else np.random.default_rng())
+            return self.greedy(obs)
+        n = len(next(iter(obs.values()))) if isinstance(obs, dict) else len(obs)
+        return epsilon_greedy(partial(self.greedy, obs), self.n_actions, epsilon,
+                              rng if rng is not None else np.random.default_rng(), n)
 
 
 def epsilon_greedy(greedy: Any, n_actions: int, epsilon: float, rng: np.random.Generator,

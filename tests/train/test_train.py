@@ -45,6 +45,11 @@ def test_policy_file_roundtrip_dict_obs_and_cnn(tmp_path):
     assert pol.meta == {"env_id": "Toy-v0", "epsilon": 0.25, "step": 7} and pol.n_actions == 4
     np.testing.assert_allclose(pol.q_values(obs), want, rtol=1e-6)
     np.testing.assert_array_equal(pol.act({"pos": obs["obs/pos"], "vel": obs["obs/vel"]}), want.argmax(1))
+    explore = pol.act(obs, 1.0, np.random.default_rng(0))  # every row explores: the network is not run
+    pol.net, net_of = None, pol.net
+    assert explore.shape == (5,) and np.all(explore < 4)
+    np.testing.assert_array_equal(pol.act(obs, 1.0, np.random.default_rng(0)), explore)
+    pol.net = net_of
     with pytest.raises(mmreplay.SchemaError, match="obs/vel"):
         pol.q_values({"obs/pos": obs["obs/pos"], "obs/vel": np.zeros((5, 3), np.float32)})
 
