@@ -70,6 +70,8 @@ class _Mapped:
     committed: int
     state: int
     version: int = 0
+    raw: bytes = b""
+    """The control page as last read in full (an unchanged page is not parsed again)."""
     pending: bool = False
     """Sealed when first seen and not checked yet: left out of the snapshot."""
     queued: bool = False
@@ -213,9 +215,10 @@ class StoreReader:
         c = self.checker
         if c is None:
             return False
-        by_name = {m.name: m for m in self.segments.values()}
         applied = False
-        for name, (ident, result) in c.take_done().items():
+        done = c.take_done()
+        by_name = {m.name: m for m in self.segments.values()} if done else {}
+        for name, (ident, result) in done.items():
             if name in by_name:
                 self._checked(by_name[name], ident, result)
                 applied = True
@@ -323,8 +326,12 @@ class StoreReader:
         self.last_scan = time.monotonic()
 
     def _read_control(self, m: _Mapped) -> None:
-        control, _ = read_control(self._control[m.window].tobytes())
+        raw = self._control[m.window].tobytes()
+        if raw == m.raw:  # (most refreshes, for every open segment but the one being written)
+            return
+        control, _ = read_control(raw)
         if control is None or control.version == m.version:
+            m.raw = raw
             return
         n = min(control.committed, m.header.usable_records)
         # stamps are written before the count that points at them; if the last one is not
@@ -333,7 +340,7 @@ class StoreReader:
             return
         if self.verify != "off" and n > m.committed:
             n = self._verified(m, n)
-        m.committed, m.state, m.version = n, control.state, control.version
+        m.committed, m.state, m.version, m.raw = n, control.state, control.version, raw
 
     def _verified(self, m: _Mapped, n: int) -> int:
         """Check the new rows' stamps and checksums before they become visible (``verify=``)."""

@@ -10,7 +10,8 @@ import pytest
 from conftest import step
 
 import mmreplay
-from mmreplay.storage.table import SEG_COMMITTED, SEG_CUM_END, index_draws
+from mmreplay.storage.table import (SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_NBUCKETS, SEG_SHIFT,
+                                    index_draws)
 from mmreplay import (
     EmptyStoreError,
     InvalidValueError,
@@ -480,6 +481,27 @@ def test_open_store_on_a_file_or_a_plain_directory_is_store_not_found(tmp_path):
             with pytest.raises(mmreplay.StoreNotFoundError, match=says) as e:
                 mmreplay.open_store(path, mode=mode)
             assert str(path) in str(e.value)
+
+
+def test_the_draw_index_points_each_bucket_at_the_segment_holding_its_first_row():
+    """``index_draws``: the smallest shift that fits the rows in ``SEG_NBUCKETS`` buckets per segment,
+    and each bucket's first row found in the first segment whose cumulative end exceeds it (empty
+    segments included, a bucket past the last row pointing at the last segment)."""
+    rng = np.random.default_rng(7)
+    for trial in range(3000):
+        n = int(rng.integers(1, 40))
+        counts = rng.integers(0, [2, 50, 1 << 22][trial % 3], n)
+        t = np.zeros((n, SEG_COLS), np.int64)
+        t[:, SEG_CUM_END] = cum = np.cumsum(counts)
+        index_draws(t)
+        shift, buckets = int(t[0, SEG_SHIFT]), t[:, SEG_BUCKET:].reshape(-1)
+        assert (t[:, SEG_SHIFT] == shift).all()
+        last, nb = max(int(cum[-1]) - 1, 0), n * SEG_NBUCKETS
+        assert last >> shift < nb and (shift == 0 or last >> (shift - 1) >= nb)
+        for b, k in enumerate(buckets):
+            u = b << shift
+            want = min(int(np.argmax(cum > u)) if u < cum[-1] else n - 1, n - 1)
+            assert k == want, (trial, b, u, cum, k, want)
 
 
 def test_a_refresh_that_sees_only_appended_rows_matches_a_full_snapshot(tmp_path, schema):
