@@ -97,9 +97,12 @@ class Learner:
             log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
         self.updates = 0
         self.target_every = target_update_interval_of(cfg)
-        self._loss_sum = torch.zeros((), device=device)  # since the last read_stats (no sync per update)
-        self._q_sum = torch.zeros((), device=device)
-        self._n = 0
+        # the losses and Q(s, a) of the updates since the last read_stats (no sync per update): kept, then
+        # summed 1,024 updates at a time into _sums (loss, Q) over _counts (updates, Q values)
+        self._losses: list[torch.Tensor] = []
+        self._qs: list[torch.Tensor] = []
+        self._sums = torch.zeros(2, device=device)
+        self._counts = [0, 0]
 
     def autocast(self) -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
@@ -127,14 +130,14 @@ class Learner:
                     else:
                         discount = cfg.gamma * (1.0 - b.terminated.float())
                     y = b.reward.float() + discount * q_next
-                td = q_sa - y
-                if cfg.loss == "huber":
-                    per_sample = F.smooth_l1_loss(q_sa, y, reduction="none")
-                else:
-                    per_sample = td.pow(2)
-                if b.weights is not None:  # prioritized replay: importance weights
-                    per_sample = per_sample * b.weights.float()
-                loss = per_sample.mean()
+                if cfg.prioritized or b.weights is not None:  # TD errors for the priorities, importance weights
+                    td = q_sa - y
+                    per_sample = F.smooth_l1_loss(q_sa, y, reduction="none") if cfg.loss == "huber" else td.pow(2)
+                    if b.weights is not None:
+                        per_sample = per_sample * b.weights.float()
+                    loss = per_sample.mean()
+                else:  # one fused op (each small op costs a few us on the CPU)
+                    loss = F.smooth_l1_loss(q_sa, y) if cfg.loss == "huber" else F.mse_loss(q_sa, y)
                 if cfg.algo == "cql":  # push down Q of unseen actions, up Q of the data's
                     loss = loss + cfg.cql_alpha * (torch.logsumexp(q_all, dim=1) - q_sa).mean()
         self.optimizer.zero_grad(set_to_none=True)
@@ -145,10 +148,19 @@ class Learner:
         self.updates += 1
         if self.target is not None and self.updates % self.target_every == 0:
             self.update_target()
-        self._loss_sum += loss.detach()
-        self._q_sum += q_sa.detach().mean()
-        self._n += 1
+        self._losses.append(loss.detach())  # summed in blocks (no op per update beyond the detaches)
+        self._qs.append(q_sa.detach())
+        if len(self._losses) == 1024:
+            self._fold()
         return None if td is None else td.detach()
+
+    def _fold(self) -> None:
+        """Add the kept losses and Q values to the sums (memory stays bounded however rarely stats are read)."""
+        if self._losses:
+            self._sums += torch.stack([torch.stack(self._losses).sum(), torch.cat(self._qs).sum()])
+            self._counts[0] += len(self._losses)
+            self._counts[1] += sum(len(x) for x in self._qs)
+            self._losses, self._qs = [], []
 
     @torch.no_grad()
     def update_target(self) -> None:
@@ -161,14 +173,14 @@ class Learner:
 
     def read_stats(self) -> tuple[float | None, float | None]:
         """Mean loss and mean Q(s, a) since the last call."""
-        n = self._n
+        self._fold()
+        n, m = self._counts
         if not n:
             return None, None
-        loss, q = float(self._loss_sum) / n, float(self._q_sum) / n
-        self._loss_sum.zero_()
-        self._q_sum.zero_()
-        self._n = 0
-        return loss, q
+        loss, q = self._sums.tolist()
+        self._sums.zero_()
+        self._counts = [0, 0]
+        return loss / n, q / m
 
     def load(self, payload: dict[str, Any]) -> None:
         self.q.load_state_dict(payload["state_dict"])

@@ -100,9 +100,10 @@ def _batch(n=32, seed=0):
                                     np.zeros(n, bool), np.arange(n), discount=None)
 
 
-@pytest.mark.parametrize("algo", ["dqn", "cql", "bc"])
-def test_learner_losses_match_hand_computation(algo):
-    cfg = TrainConfig(env_id="x", store="x", algo=algo, offline=True, hidden=(32,), cql_alpha=0.5, learning_rate=1e-3)
+@pytest.mark.parametrize("algo,prioritized", [("dqn", False), ("dqn", True), ("cql", False), ("bc", False)])
+def test_learner_losses_match_hand_computation(algo, prioritized):
+    cfg = TrainConfig(env_id="x", store="x", algo=algo, offline=True, hidden=(32,), cql_alpha=0.5, learning_rate=1e-3,
+                      prioritized=prioritized)
     schema = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
     torch.manual_seed(0)
     learner = Learner(cfg, network_spec(schema, 2, hidden=(32,)), torch.device("cpu"))
@@ -129,10 +130,33 @@ def test_learner_losses_match_hand_computation(algo):
     assert q_mean == pytest.approx(float(q_sa.mean()), rel=1e-5, abs=1e-6)
     if algo == "bc":
         assert td is None and learner.target is None
-    else:
+    elif prioritized:  # the TD errors the priorities are made of
         torch.testing.assert_close(td, want_td)
+    else:
+        assert td is None  # (not computed without prioritized replay)
     with torch.no_grad():
         assert not torch.equal(learner.q(b.obs), q_all)  # the step changed the weights
+
+
+def test_learner_stats_average_every_update_since_the_last_read():
+    """``read_stats`` averages the loss and Q(s, a) of every update since the last read, however many
+    (the learner sums them in blocks of 1,024 updates): with a zero learning rate each update's loss is the
+    same, so the mean over 1,100 updates is that loss."""
+    cfg = TrainConfig(env_id="x", store="x", offline=True, hidden=(16,), learning_rate=0.0, loss="mse", double=False)
+    schema = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
+    torch.manual_seed(0)
+    learner = Learner(cfg, network_spec(schema, 2, hidden=(16,)), torch.device("cpu"))
+    b = to_tensors(_batch(), torch.device("cpu"))
+    with torch.no_grad():
+        q_sa = learner.q(b.obs).gather(1, b.action.long()[:, None]).squeeze(1)
+        y = b.reward.float() + 0.99 * (1 - b.terminated.float()) * learner.target(b.next_obs).max(1).values
+        want = float(torch.nn.functional.mse_loss(q_sa, y))
+    for _ in range(1100):
+        learner.update(b)
+    loss, q_mean = learner.read_stats()
+    assert loss == pytest.approx(want, rel=1e-5)
+    assert q_mean == pytest.approx(float(q_sa.mean()), rel=1e-5, abs=1e-6)
+    assert learner.read_stats() == (None, None)  # nothing since
 
 
 def test_polyak_target_update():
