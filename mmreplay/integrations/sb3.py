@@ -181,17 +181,22 @@ class MMReplayBuffer(ReplayBuffer):
         n = self.n_envs
         if len(infos) != n:
             raise SchemaError(f"`infos` has {len(infos)} entries, expected one per env (n_envs={n})")
-        timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
-        done = _as(np.asarray(done), (n,), "done")
-        if done.dtype != np.bool_:
-            done = done.astype(np.bool_)
+        if n == 1 and type(done) is np.ndarray and done.shape == (1,) and done.dtype == np.bool_:
+            # one env, as DummyVecEnv hands it over: the flags from two Python bools (no array ops)
+            terminated, truncated = _FLAGS[bool(done[0]), bool(infos[0].get("TimeLimit.truncated", False))]
+        else:
+            timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
+            done = _as(np.asarray(done), (n,), "done")
+            if done.dtype != np.bool_:
+                done = done.astype(np.bool_)
+            terminated, truncated = done & ~timeout, done & timeout
         fields = self._fields_of(obs, "obs")
         nxt = self._fields_of(next_obs, "next_obs")
         action = _as(np.asarray(action), self._shapes["action"], "action")
         reward = _as(np.asarray(reward), (n,), "reward")
         if reward.dtype != self._reward_dtype:
             reward = reward.astype(self._reward_dtype)
-        self.lanes.step(fields, action, reward, done & ~timeout, done & timeout, nxt)
+        self.lanes.step(fields, action, reward, terminated, truncated, nxt)
         if self.sampling == "sb3":
             self._slots[self.pos] = self.lanes.step_ids
             self.pos += 1
@@ -321,6 +326,17 @@ class MMReplayBuffer(ReplayBuffer):
         if isinstance(x, dict):
             return {k: v.reshape(B, *self.obs_shape[k]) for k, v in x.items()}  # type: ignore[index]
         return x.reshape(B, *self.obs_shape)
+
+
+def _flag(value: bool) -> np.ndarray:
+    a = np.full(1, value, np.bool_)
+    a.flags.writeable = False
+    return a
+
+
+# one env's (terminated, truncated) by (done, timeout): SB3's done split by its TimeLimit.truncated info
+_FLAGS = {(done, timeout): (_flag(done and not timeout), _flag(done and timeout))
+          for done in (False, True) for timeout in (False, True)}
 
 
 def _as(x: np.ndarray, shape: tuple[int, ...], name: str, what: str = "") -> np.ndarray:
