@@ -26,14 +26,20 @@ def obs_to_device(obs: Any, device: torch.device) -> Any:
     return torch.as_tensor(obs, device=device)
 
 
-@torch.no_grad()
 def greedy_actions(net: torch.nn.Module, obs: Any, device: torch.device) -> np.ndarray:
     """argmax_a Q(obs, a) for a batch of observations, as int64 numpy (``QNetwork.greedy`` when
     ``net`` has it)."""
+    if device.type == "cpu" and type(obs) is np.ndarray and (fast := getattr(net, "greedy_numpy", None)) is not None \
+            and (a := fast(obs)) is not None:
+        return a
     x = obs_to_device(obs, device)
     greedy = getattr(net, "greedy", None)
-    a = greedy(x) if greedy is not None else net(x).argmax(dim=1)
-    return a.cpu().numpy()
+    if greedy is not None:  # (no gradient: its own)
+        a = greedy(x)
+    else:
+        with torch.no_grad():
+            a = net(x).argmax(dim=1)
+    return a.numpy() if a.device.type == "cpu" else a.cpu().numpy()
 
 
 def evaluate(

@@ -96,6 +96,7 @@ class Learner:
         if cfg.amp and not self.amp:
             log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
         self.updates = 0
+        self._pairs: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (target, online) tensors
         self.target_every = target_update_interval_of(cfg)
         # the losses and Q(s, a) of the updates since the last read_stats (no sync per update): kept, then
         # summed 1,024 updates at a time into _sums (loss, Q) over _counts (updates, Q values)
@@ -126,10 +127,9 @@ class Learner:
                     else:
                         q_next = q_next_target.max(dim=1).values
                     if b.discount is not None:  # n-step / frame-stack views: gamma^m, 0 after termination
-                        discount = b.discount.float()
-                    else:
-                        discount = cfg.gamma * (1.0 - b.terminated.float())
-                    y = b.reward.float() + discount * q_next
+                        y = b.reward.float() + b.discount.float() * q_next
+                    else:  # r + gamma * (1 - terminated) * q_next, as two ops
+                        y = b.reward.float().add(q_next.masked_fill_(b.terminated.bool(), 0.0), alpha=cfg.gamma)
                 if cfg.prioritized or b.weights is not None:  # TD errors for the priorities, importance weights
                     td = q_sa - y
                     per_sample = F.smooth_l1_loss(q_sa, y, reduction="none") if cfg.loss == "huber" else td.pow(2)
@@ -165,11 +165,13 @@ class Learner:
     @torch.no_grad()
     def update_target(self) -> None:
         assert self.target is not None
+        if self._pairs is None:  # (one foreach op over every parameter and buffer, not a state_dict walk)
+            self._pairs = ([*self.target.parameters(), *self.target.buffers()], [*self.q.parameters(), *self.q.buffers()])
+        target, online = self._pairs
         if self.cfg.tau >= 1.0:
-            self.target.load_state_dict(self.q.state_dict())
+            torch._foreach_copy_(target, online)
         else:
-            for t, p in zip(self.target.parameters(), self.q.parameters()):
-                t.lerp_(p, self.cfg.tau)
+            torch._foreach_lerp_(target, online, self.cfg.tau)
 
     def read_stats(self) -> tuple[float | None, float | None]:
         """Mean loss and mean Q(s, a) since the last call."""

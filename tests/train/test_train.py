@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import mmreplay  # noqa: E402
 from mmreplay.agent import FrameStack, QNetwork, load_policy, network_spec, save_policy  # noqa: E402
+from mmreplay.agent.evaluation import greedy_actions  # noqa: E402
 from mmreplay.train import Learner, TrainConfig, to_tensors, train  # noqa: E402
 
 CARTPOLE_FAST = dict(learning_starts=500, train_freq=64, gradient_steps=32, target_update_interval=32,
@@ -404,6 +405,25 @@ def test_acting_forward_picks_the_networks_argmax(kind):
             p.add_(torch.randn_like(p))
         clear, want = _clear_argmax(net(x).numpy())
     np.testing.assert_array_equal(net.greedy(x).numpy()[clear], want[clear])
+    # the numpy acting path (an MLP chain on the CPU, float32 observations), through greedy_actions
+    obs = {k: v.numpy() for k, v in x.items()} if kind == "dict" else x.numpy()
+    fast = net.greedy_numpy(obs) if kind != "dict" else None
+    assert (fast is not None) == (kind in ("mlp", "stacked"))
+    if fast is not None:
+        assert fast.dtype == np.int64
+        np.testing.assert_array_equal(fast[clear], want[clear])
+        np.testing.assert_array_equal(greedy_actions(net, obs, torch.device("cpu"))[clear], want[clear])
+        assert net.greedy_numpy(obs.astype(np.float64)) is None  # (then the torch path)
+        with torch.no_grad():  # an optimizer-style in-place step is seen by the numpy views
+            for p in net.parameters():
+                p.mul_(-1.0)
+            clear, want = _clear_argmax(net(x).numpy())
+        np.testing.assert_array_equal(net.greedy_numpy(obs)[clear], want[clear])
+        for p in net.parameters():  # parameters given new storage: new views
+            p.data = p.data.clone() * 2.0
+        with torch.no_grad():
+            clear, want = _clear_argmax(net(x).numpy())
+        np.testing.assert_array_equal(net.greedy_numpy(obs)[clear], want[clear])
 
 
 def test_epsilon_greedy_draws_once_per_lane():
@@ -426,6 +446,13 @@ def test_epsilon_greedy_draws_once_per_lane():
     np.testing.assert_allclose(np.bincount(a[explored], minlength=4) / explored.sum(), 0.25, atol=0.03)
     np.testing.assert_array_equal(a, epsilon_greedy(greedy, 4, 0.3, np.random.default_rng(1), 20_000))  # seeded
     np.testing.assert_array_equal(epsilon_greedy(np.arange(5) % 4, 4, 0.0, np.random.default_rng(2)), np.arange(5) % 4)
+    # one lane draws the same number as a lane of many: the same actions as before the one-lane path
+    for eps in (0.0, 0.3, 1.0):
+        r1, rn = np.random.default_rng(3), np.random.default_rng(3)
+        one = [epsilon_greedy(lambda: np.array([2]), 4, eps, r1, 1) for _ in range(500)]
+        u = rn.random(500)
+        assert all(a.dtype == np.int64 and a.shape == (1,) for a in one)
+        np.testing.assert_array_equal(np.concatenate(one), np.where(u < eps, np.minimum((u * (4 / max(eps, 1e-12))).astype(np.int64), 3), 2))
 
 
 # -- MinAtar path -----------------------------------------------------------------------------------------
