@@ -27,8 +27,9 @@ def obs_to_device(obs: Any, device: torch.device) -> Any:
 
 
 def greedy_actions(net: torch.nn.Module, obs: Any, device: torch.device) -> np.ndarray:
-    """argmax_a Q(obs, a) for a batch of observations, as int64 numpy (``QNetwork.greedy`` when
-    ``net`` has it)."""
+    """argmax_a Q(obs, a) for a batch of observations, as int64 numpy: ``QNetwork.greedy_numpy`` for a
+    numpy batch on the CPU where it applies, else ``QNetwork.greedy`` when ``net`` has it, else
+    ``net``'s forward."""
     if device.type == "cpu" and type(obs) is np.ndarray and (fast := getattr(net, "greedy_numpy", None)) is not None \
             and (a := fast(obs)) is not None:
         return a

@@ -96,7 +96,8 @@ class Learner:
         if cfg.amp and not self.amp:
             log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
         self.updates = 0
-        self._pairs: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (target, online) tensors
+        # (target, online) pairs of parameters, then of buffers (update_target)
+        self._pairs: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.target_every = target_update_interval_of(cfg)
         # the losses and Q(s, a) of the updates since the last read_stats (no sync per update): kept, then
         # summed 1,024 updates at a time into _sums (loss, Q) over _counts (updates, Q values)
@@ -165,13 +166,16 @@ class Learner:
     @torch.no_grad()
     def update_target(self) -> None:
         assert self.target is not None
-        if self._pairs is None:  # (one foreach op over every parameter and buffer, not a state_dict walk)
-            self._pairs = ([*self.target.parameters(), *self.target.buffers()], [*self.q.parameters(), *self.q.buffers()])
-        target, online = self._pairs
+        if self._pairs is None:  # the tensors, gathered once (a state_dict walk per copy cost ~1 ms here)
+            self._pairs = ([*zip(self.target.parameters(), self.q.parameters())],
+                           [*zip(self.target.buffers(), self.q.buffers())])
+        params, buffers = self._pairs
         if self.cfg.tau >= 1.0:
-            torch._foreach_copy_(target, online)
+            for t, p in (*params, *buffers):
+                t.copy_(p)
         else:
-            torch._foreach_lerp_(target, online, self.cfg.tau)
+            for t, p in params:
+                t.lerp_(p, self.cfg.tau)
 
     def read_stats(self) -> tuple[float | None, float | None]:
         """Mean loss and mean Q(s, a) since the last call."""
