@@ -306,6 +306,10 @@ class Policy:
         self.n_actions = int(net.spec["n_actions"])
         self.frame_stack = int(net.spec["frame_stack"])
         self.obs_names = tuple(net.names)
+        o = self.spec["obs"][0]
+        # a plain observation batch's shape after B (greedy's numpy path: one field, an MLP on the CPU)
+        self._plain = (tuple(o["shape"]) if self.frame_stack == 1 else (self.frame_stack, *o["shape"])) \
+            if self.obs_names == ("obs",) and self.device.type == "cpu" else None
 
     def _tensors(self, obs: Any) -> dict[str, torch.Tensor]:
         k = self.frame_stack
@@ -337,6 +341,8 @@ class Policy:
 
     def greedy(self, obs: Any) -> np.ndarray:
         """Greedy actions ``(B,)`` int64 for a batch of observations."""
+        if type(obs) is np.ndarray and obs.shape[1:] == self._plain and (a := self.net.greedy_numpy(obs)) is not None:
+            return a  # (QNetwork.greedy_numpy: an MLP on the CPU, float32 observations)
         return self.q_values(obs).argmax(axis=1).astype(np.int64)
 
     def act(self, obs: Any, epsilon: float = 0.0, rng: np.random.Generator | None = None) -> np.ndarray:

@@ -66,6 +66,18 @@ def test_policy_file_roundtrip_dict_obs_and_cnn(tmp_path):
     with pytest.raises(mmreplay.SchemaError, match=r"\(B, 4, 84, 84\)"):
         pol.act(x[:, 0])
 
+    # a plain MLP policy acts through the numpy path: the network's argmax; a wrong shape is still an error
+    vec = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
+    save_policy(tmp_path / "mlp.pt", QNetwork(network_spec(vec, 3, hidden=(32,), frame_stack=2)))
+    pol = load_policy(tmp_path / "mlp.pt")
+    x = np.random.default_rng(0).normal(size=(64, 2, 4)).astype(np.float32)
+    clear, want = _clear_argmax(pol.q_values(x))
+    got = pol.act(x)
+    assert got.dtype == np.int64 and clear.mean() > 0.9
+    np.testing.assert_array_equal(got[clear], want[clear])
+    with pytest.raises(mmreplay.SchemaError, match=r"\(B, 2, 4\)"):
+        pol.act(x[:, 0])
+
 
 def test_frame_stack_matches_the_samplers_stacks(tmp_path):
     """Acting stacks (FrameStack with the next-step autoreset flags) equal the sampler's."""
