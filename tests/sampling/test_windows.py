@@ -4,6 +4,7 @@ segment boundaries, episode ends of both kinds, and eviction."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -188,3 +189,30 @@ def test_sequences_match_the_reference(tmp_path_factory, lanes, steps, length, b
         drawn = q.sample(16)
         assert (drawn.fields["obs"][:, 0, 1].astype(int) % stride == 0).all()
     store.close()
+
+
+def test_view_locates_ids_as_the_reader_does(tmp_path):
+    """``view`` locates ids in one compiled call: every visible transition start comes back as
+    ``store.transitions`` gives it, in the order asked (repeats too); an id of an evicted segment,
+    past the committed rows, of a segment never made or negative raises ``KeyError``."""
+    s = mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=40, segment_records=8)
+    rng = np.random.default_rng(0)
+    with s.writer(lanes=2) as w:
+        for t in range(60):
+            w.add(obs=np.array([[0, t], [1, t]], np.float32), action=np.zeros(2, np.int64),
+                  reward=np.ones(2, np.float32), terminated=rng.random(2) < 0.1, truncated=np.zeros(2, bool))
+    s.refresh()
+    u = mmreplay.UniformSampler(s, seed=0)
+    ids = s.transition_ids()
+    assert ids.min() >= 8 * 4  # the oldest segments were evicted
+    pick = rng.choice(ids, 200)
+    got, want = u.view(pick), s.transitions(pick)
+    np.testing.assert_array_equal(got.ids, pick)
+    for name in ("obs", "next_obs", "action", "reward", "terminated", "truncated"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    snap = s.reader.snapshot
+    past = int(snap.segment_ids[-1]) * 8 + int(snap.committed[-1])  # the newest segment's first unwritten slot
+    for bad in (0, int(ids.min()) - 8, past, (int(snap.segment_ids[-1]) + 5) * 8, -3):
+        with pytest.raises(KeyError):
+            u.view(np.array([int(ids[0]), bad]))
+    s.close()
