@@ -47,7 +47,7 @@ def kernels() -> Any:
         from . import _windows as w
 
         _KERNELS = SimpleNamespace(
-            sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows, locate_ids=k.locate_ids,
+            sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
             draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
             gather_sequences=w.gather_sequences, sample_rows=t.sample_rows, update_rows=t.update_rows,
             SumTree=t.SumTree, advise_windows=io.advise_windows, pread_at=io.pread_at,

@@ -252,28 +252,3 @@ def draw_rows(state, n, seg):  # pragma: no cover - compiled
         slots[j] = u - (seg[lo, SEG_CUM_END] - seg[lo, SEG_COMMITTED])
     return ks, slots
 
-
-@numba.njit(nogil=True, cache=True, boundscheck=False)
-def locate_ids(segment_ids, committed, seg_records, ids, ks, slots):  # pragma: no cover - compiled
-    """``StoreReader.locate`` in one call: fill ``ks``/``slots`` (snapshot segment index, slot) of
-    global row ids ``ids``; False at the first id not visible in the snapshot (its segment is not in
-    ``segment_ids``, sorted, or its slot is not below the segment's ``committed`` count)."""
-    n = segment_ids.shape[0]
-    for i in range(ids.shape[0]):
-        g = ids[i]
-        if g < 0:
-            return False
-        sid = g // seg_records
-        lo, hi = 0, n
-        while lo < hi:  # the first segment id >= sid
-            mid = (lo + hi) >> 1
-            if segment_ids[mid] < sid:
-                lo = mid + 1
-            else:
-                hi = mid
-        slot = g - sid * seg_records
-        if lo == n or segment_ids[lo] != sid or slot >= committed[lo]:
-            return False
-        ks[i] = lo
-        slots[i] = slot
-    return True

@@ -273,11 +273,8 @@ class TransitionSampler:
     def view(self, ids: np.ndarray) -> TransitionBatch:
         """The batch for given transition starts under this sampler's view (``KeyError`` if one
         is not visible or does not start a complete window)."""
-        ids = np.ascontiguousarray(ids, np.int64).reshape(-1)
-        snap, k, slot = self.store.reader.snapshot, np.empty(len(ids), np.int64), np.empty(len(ids), np.int64)
-        # (StoreReader.locate in one compiled call: its ten numpy calls cost more than the gather here)
-        if not _kernels().locate_ids(snap.segment_ids, snap.committed, self.store.segment_records, ids, k, slot):
-            raise KeyError("some row ids are not visible in this snapshot (evicted, unpublished or invalid)")
+        ids = np.asarray(ids, np.int64)
+        k, slot = self.store.reader.locate(ids)
         try:
             return self._gather_windowed(len(ids), Once(k, slot))
         except EmptyStoreError:  # a start was skipped: it does not begin a complete window

@@ -17,6 +17,9 @@ whole groups). One Python-level crc32c call per group cost ~3 us, i.e. ~25 MB/s 
 of CartPole-sized rows; this kernel's table-driven crc32c (slice-by-8, ~1.5 GB/s on this
 machine kind) checks any group size at disk speed.
 
+``locate_ids`` is the reader's lookup of row ids, compiled here beside the storage room's other
+kernels.
+
 Imported lazily (``import mmreplay`` does not load numba).
 """
 
@@ -225,4 +228,30 @@ def rows_finite(run, start, stop):  # pragma: no cover - compiled
             z += run[i, j] - run[i, j]
         if z != 0:
             return False
+    return True
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def locate_ids(segment_ids, committed, seg_records, ids, ks, slots):  # pragma: no cover - compiled
+    """``StoreReader.locate`` in one call: fill ``ks``/``slots`` (snapshot segment index, slot) of
+    global row ids ``ids``; False at the first id not visible in the snapshot (its segment is not
+    in ``segment_ids``, sorted, or its slot is not below the segment's ``committed`` count)."""
+    n = segment_ids.shape[0]
+    for i in range(ids.shape[0]):
+        g = ids[i]
+        if g < 0:
+            return False
+        sid = g // seg_records
+        lo, hi = 0, n
+        while lo < hi:  # the first segment id >= sid
+            mid = (lo + hi) >> 1
+            if segment_ids[mid] < sid:
+                lo = mid + 1
+            else:
+                hi = mid
+        slot = g - sid * seg_records
+        if lo == n or segment_ids[lo] != sid or slot >= committed[lo]:
+            return False
+        ks[i] = lo
+        slots[i] = slot
     return True

@@ -14,10 +14,9 @@ Invariants kept here:
   and keeps the older count if it is not there yet;
 * a segment deleted by eviction stays mapped, and readable, until the next ``refresh()``;
 * a file is checked (header, store uuid, schema, size) before it is mapped: never a SIGBUS;
-* access hints: a sealed segment's window is ``MADV_RANDOM`` (random sampling: a fault reads
-  the page it needs, not a read-ahead window of pages nobody asked for); an open segment's is
-  ``MADV_NORMAL`` with ``MADV_WILLNEED`` over its committed rows when first mapped (its newest
-  rows are read soon after they are written), and turns ``MADV_RANDOM`` when it is sealed;
+* access hints: a sealed segment's window is ``MADV_RANDOM`` (a fault reads the page it needs,
+  no read-ahead); an open one's ``MADV_NORMAL`` with ``MADV_WILLNEED`` over its committed rows
+  when first mapped (newest rows are read soon after written), ``MADV_RANDOM`` once sealed;
 * a window may hold a **RAM copy** of a sealed segment instead of the file mapping (``pin``:
   the learner's resident set, ``tiers.py``). The copy is moved in with one atomic ``mremap``
   and the file is mapped back the same way (``unpin``), so a thread reading the window sees
@@ -42,8 +41,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, read_control,
-                     seq_matches)
+from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, kernel,
+                     read_control, seq_matches)
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
@@ -70,8 +69,7 @@ class _Mapped:
     committed: int
     state: int
     version: int = 0
-    raw: bytes = b""
-    """The control page as last read in full (an unchanged page is not parsed again)."""
+    raw: bytes = b""  # the control page as last read in full (an unchanged page is not parsed again)
     pending: bool = False
     """Sealed when first seen and not checked yet: left out of the snapshot."""
     queued: bool = False
@@ -215,8 +213,7 @@ class StoreReader:
         c = self.checker
         if c is None:
             return False
-        applied = False
-        done = c.take_done()
+        applied, done = False, c.take_done()
         by_name = {m.name: m for m in self.segments.values()} if done else {}
         for name, (ident, result) in done.items():
             if name in by_name:
@@ -331,11 +328,10 @@ class StoreReader:
             return
         control, _ = read_control(raw)
         if control is None or control.version == m.version:
-            m.raw = raw
+            m.raw = raw  # (nothing new in it)
             return
         n = min(control.committed, m.header.usable_records)
-        # stamps are written before the count that points at them; if the last one is not
-        # visible yet (weakly ordered CPU), keep the previous count
+        # stamps are written before the count: if the last one is not visible yet (weakly ordered CPU), keep the old count
         if n > m.committed and not seq_matches(m.header, self.stamps[m.window, n - 1]["seq"], m.header.first_seq + n):
             return
         if self.verify != "off" and n > m.committed:
@@ -475,9 +471,15 @@ class StoreReader:
         return (s.segment_ids[k] == sid) & (slot < s.committed[k]) & (sid >= 0), k, slot
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Snapshot indices ``k`` and slots of global row ids; raises on ids not visible."""
-        ok, k, slot = self.visible(ids)
-        if not ok.all():
+        """Snapshot indices ``k`` and slots of global row ids; raises on ids not visible (one compiled
+        call once numba is loaded, as a sampler loads it: ~10 numpy calls cost more than a gather)."""
+        ids, kern, s = np.asarray(ids, np.int64), kernel(load=False), self.snapshot
+        if kern is not None and ids.ndim == 1:
+            k, slot = np.empty(len(ids), np.int64), np.empty(len(ids), np.int64)
+            ok = kern.locate_ids(s.segment_ids, s.committed, self.R, np.ascontiguousarray(ids), k, slot)
+        else:
+            ok, k, slot = self.visible(ids)
+        if not np.all(ok):
             raise KeyError("some row ids are not visible in this snapshot (evicted, unpublished or invalid)")
         return k, slot
 
