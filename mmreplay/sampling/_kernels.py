@@ -251,4 +251,3 @@ def draw_rows(state, n, seg):  # pragma: no cover - compiled
         ks[j] = lo
         slots[j] = u - (seg[lo, SEG_CUM_END] - seg[lo, SEG_COMMITTED])
     return ks, slots
-
