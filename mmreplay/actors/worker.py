@@ -420,6 +420,8 @@ class _StepBuffer:
         if isinstance(obs, dict):
             for name, x in flatten_obs(obs).items():
                 np.copyto(self.bufs[name][k], x, casting="safe")
+        elif obs.dtype == self.obs.dtype:  # the usual case: a plain copy (copyto's casting check costs more)
+            self.obs[k] = obs
         else:
             np.copyto(self.obs[k], obs, casting="safe")
         if self.actions is None:
