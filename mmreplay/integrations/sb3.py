@@ -225,9 +225,7 @@ class MMReplayBuffer(ReplayBuffer):
         ids = self._slots[pos, envs]
         # an env's newest step: its next_obs is still pending in memory
         newest = pos == (self.pos - 1) % self.buffer_size
-        if newest.any():
-            newest &= self.lanes.has_pending[envs]
-        if not newest.any():
+        if not newest.any() or not (newest := newest & self.lanes.has_pending[envs]).any():
             try:  # the usual case: every slot a stored transition, gathered by the sampler's compiled kernel
                 return self.sampler.view(ids)
             except KeyError:
@@ -268,7 +266,7 @@ class MMReplayBuffer(ReplayBuffer):
         t = tensor_batch(TransitionBatch(
             obs=self._obs_shaped(b.obs, B), action=b.action.reshape(B, self.action_dim).astype(self._act_dtype, copy=False),
             reward=b.reward.reshape(B, 1).astype(np.float32, copy=False), next_obs=self._obs_shaped(b.next_obs, B),
-            terminated=done.reshape(B, 1).astype(np.float32), truncated=b.truncated, ids=b.ids), self.device)
+            terminated=done.reshape(B, 1).astype(np.float32), truncated=None, ids=b.ids), self.device)
         cls = DictReplayBufferSamples if self._dict_obs else ReplayBufferSamples
         return cls(t.obs, t.action, t.next_obs, t.terminated, t.reward)  # terminated: SB3's float dones
 

@@ -48,7 +48,7 @@ def kernels() -> Any:
 
         _KERNELS = SimpleNamespace(
             sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
-            draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
+            draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, locate_and_gather=w.locate_and_gather, valid_starts=w.valid_starts,
             gather_sequences=w.gather_sequences, sample_rows=t.sample_rows, update_rows=t.update_rows,
             SumTree=t.SumTree, advise_windows=io.advise_windows, pread_at=io.pread_at,
         )
@@ -319,6 +319,24 @@ def gather_windowed(store: ReplayStore, view: TransitionView, plan: WindowPlan, 
             source.consumed(used)
         if filled == batch_size:
             break
+    return filled, ids, window
+
+
+def gather_starts(store: ReplayStore, view: TransitionView, plan: WindowPlan, out: np.ndarray, starts: np.ndarray,
+                  seg: np.ndarray) -> tuple[int, np.ndarray, tuple[np.ndarray, ...]]:
+    """``gather_windowed`` for explicit transition starts (global row ids, int64, contiguous), located
+    and gathered in one compiled call: ``(filled, ids, window)``, ``filled < len(starts)`` when a start
+    begins no complete window; ``KeyError`` when one is not visible in the snapshot."""
+    reader = store.reader
+    b = len(starts)
+    ids = np.empty(b, np.int64)
+    window = (np.empty(b, np.float32), np.empty(b, np.float32), np.empty(b, np.bool_), np.empty(b, np.bool_))
+    filled, _, _ = kernels().locate_and_gather(starts, seg, reader.bytes, store.layout.record_bytes, plan.flags,
+                                               plan.reward, view.n_step, view.gamma, view.frame_stack, plan.once,
+                                               plan.stacked, out, ids, reader.snapshot.segment_ids,
+                                               store.segment_records, *window)
+    if filled < 0:
+        raise KeyError("some row ids are not visible in this snapshot (evicted, unpublished or invalid)")
     return filled, ids, window
 
 

@@ -38,6 +38,11 @@ from ._kernels import (
     copy_bytes,
     draw_rows,
 )
+from ..storage.format import kernel as storage_kernel
+
+# StoreReader.locate's compiled lookup (global row id -> snapshot segment, slot), storage's own, called
+# here so that explicit starts are located and gathered in one call
+_locate_ids = storage_kernel().locate_ids
 
 # F_NEXT values in a windowed plan: which row a field is copied from; ROW_SHARED: the start's
 # stack followed by the next row's frame (one-step views share frames between obs and next_obs)
@@ -194,6 +199,19 @@ def draw_and_gather(state, nrand, seg, region, rec_bytes, flags, rew, n_step, ga
     ks, slots = draw_rows(state, nrand, seg)
     return gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, slots, start, fields,
                           stacked, out, ids, seg_ids, seg_records, ret, discount, term, trunc)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def locate_and_gather(want, seg, region, rec_bytes, flags, rew, n_step, gamma, frames, fields, stacked, out, ids,
+                      seg_ids, seg_records, ret, discount, term, trunc):  # pragma: no cover - compiled
+    """The transitions starting at global row ids ``want``, located as ``StoreReader.locate`` does
+    and gathered (``gather_windows``) in one call; ``(-1, 0, 0)`` when one is not visible."""
+    ks = np.empty(want.shape[0], np.int64)
+    slots = np.empty(want.shape[0], np.int64)
+    if not _locate_ids(seg_ids, seg[:, SEG_COMMITTED], seg_records, want, ks, slots):
+        return -1, 0, 0
+    return gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, slots, 0, fields, stacked,
+                          out, ids, seg_ids, seg_records, ret, discount, term, trunc)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

@@ -30,13 +30,13 @@ import numpy as np
 
 from ..core.errors import EmptyStoreError, SchemaError
 from ._gather import (
-    Once,
     Source,
     TransitionPlan,
     TransitionView,
     WindowPlan,
     assemble,
     check_batch_size,
+    gather_starts,
     gather_transitions,
     gather_windowed,
     kernel_state,
@@ -273,12 +273,15 @@ class TransitionSampler:
     def view(self, ids: np.ndarray) -> TransitionBatch:
         """The batch for given transition starts under this sampler's view (``KeyError`` if one
         is not visible or does not start a complete window)."""
-        ids = np.asarray(ids, np.int64)
-        k, slot = self.store.reader.locate(ids)
-        try:
-            return self._gather_windowed(len(ids), Once(k, slot))
-        except EmptyStoreError:  # a start was skipped: it does not begin a complete window
-            raise KeyError("some ids do not start a complete window (episode end or lookahead not written)") from None
+        starts = np.ascontiguousarray(ids, np.int64)
+        if starts.ndim != 1:
+            raise ValueError(f"`ids` must be 1-D, got shape {starts.shape}")
+        plan = self._wplan(len(starts))
+        filled, got, window = gather_starts(self.store, self._span, plan, out := self._buffer(plan.nbytes), starts,
+                                            self.store.reader.segment_table())
+        if filled < len(starts):  # a start was skipped: it does not begin a complete window
+            raise KeyError("some ids do not start a complete window (episode end or lookahead not written)")
+        return assemble(plan, out, got, None, window)
 
 
 class UniformSampler(TransitionSampler):

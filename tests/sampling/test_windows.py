@@ -213,6 +213,12 @@ def test_view_locates_ids_as_the_reader_does(tmp_path):
     snap = s.reader.snapshot
     past = int(snap.segment_ids[-1]) * 8 + int(snap.committed[-1])  # the newest segment's first unwritten slot
     for bad in (0, int(ids.min()) - 8, past, (int(snap.segment_ids[-1]) + 5) * 8, -3):
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError, match="not visible"):
             u.view(np.array([int(ids[0]), bad]))
+    ends = [int(i) for i in ids if s.rows("terminated", [i])[0]]  # a done row's next row is its episode's final one
+    with pytest.raises(KeyError, match="complete window"):
+        u.view(np.array([int(ids[0]), ends[0] + 2]))
+    with pytest.raises(ValueError, match="1-D"):
+        u.view(pick.reshape(2, 100))
+    assert len(u.view(np.zeros(0, np.int64))) == 0
     s.close()
