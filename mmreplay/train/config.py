@@ -74,7 +74,9 @@ class TrainConfig:
     n_step: int = 1
     """n-step returns, computed by the sampler from consecutive rows."""
     train_freq: int = 256
-    """Online: env steps between training rounds."""
+    """Online: env steps between training rounds (at most one round per vector step: below
+    ``num_envs``, a round every ``num_envs`` env steps). Env steps count transitions, not the
+    steps that only reset a lane, so the updates per env step do not depend on episode lengths."""
     gradient_steps: int = 128
     """Online: updates per training round."""
     learning_starts: int = 1000

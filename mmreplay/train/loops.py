@@ -218,7 +218,11 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     store = open_store_for_env(cfg, envs)
     n_actions = count_actions(envs.single_action_space)
     learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
-    total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
+    # a round every `every` env steps: at most one per vector step (train_freq below num_envs: every
+    # num_envs env steps, as SB3 and CleanRL train once per vector step). Env steps do not count
+    # next-step autoreset lanes, so updates per env step do not depend on how often episodes end
+    every = max(cfg.train_freq, cfg.num_envs)
+    total_updates = max(1, (cfg.steps - cfg.learning_starts) // every * cfg.gradient_steps)
     sampler = run.make_sampler(store, total_updates)
     rng = np.random.default_rng(cfg.seed)
     if run.payload:
@@ -237,7 +241,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     resets = 0  # autoreset.sum(), kept as an int (the per-step bookkeeping stays off numpy when nothing ends)
     ep_return = np.zeros(n)
     # train at every multiple of train_freq past learning_starts (as SB3 and CleanRL do)
-    next_train = next_multiple(max(cfg.learning_starts, run.env_steps), cfg.train_freq)
+    next_train = next_multiple(max(cfg.learning_starts, run.env_steps), every)
     decay = cfg.exploration_fraction * cfg.steps
     epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
     stopped = False
@@ -269,7 +273,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
             obs, autoreset = next_obs, ended
             # TRAIN: every train_freq env steps, gradient_steps updates on batches from the store
             if run.env_steps >= next_train:
-                next_train = next_multiple(run.env_steps, cfg.train_freq)
+                next_train = next_multiple(run.env_steps, every)
                 # every row written so far can be drawn: the run is reproducible (no directory listing:
                 # the writer's new segments are scanned for, and the sampler rescans every second)
                 store.refresh(scan=False)

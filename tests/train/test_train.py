@@ -367,6 +367,19 @@ def test_actors_fill_the_store_under_the_samples_per_insert_limit(tmp_path):
 
 
 # -- Atari path -----------------------------------------------------------------------------------------
+def test_training_rounds_follow_env_steps_not_vector_steps(tmp_path):
+    """With ``train_freq`` below ``num_envs`` a round comes every ``num_envs`` env steps, counted
+    without the lanes' autoreset steps: the updates per env step are the same however often episodes
+    end (a round per vector step gave CartPole's short random episodes a few % more updates)."""
+    cfg = _cartpole_cfg(tmp_path, "rounds", num_envs=4, steps=1200, learning_starts=200, train_freq=1,
+                        gradient_steps=1, batch_size=8, exploration_fraction=1.0, start_e=1.0, end_e=1.0,
+                        eval_every=0, eval_episodes=1, checkpoint_every=0, threads=1)
+    res = train(cfg)
+    with mmreplay.open_store(cfg.store) as s:  # random CartPole episodes: many autoreset steps in the run
+        assert s.rows("terminated", s.transition_ids()).sum() > 20
+    assert res.updates == res.env_steps // 4 - 200 // 4
+
+
 def test_atari_path_end_to_end(tmp_path):
     pytest.importorskip("ale_py")
     from mmreplay.train import atari_config
