@@ -68,7 +68,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--batch-size",), dict(type=_INT, help="Transitions per update. [64; atari 32]")),
     (("--gamma",), dict(type=_FLOAT, help="Discount. [0.99]")),
     (("--n-step",), dict(type=_INT, help="n-step returns (computed by the sampler). [1]")),
-    (("--train-freq",), dict(type=_INT, help="Env steps between training rounds. [256; atari 4]")),
+    (("--train-freq",), dict(type=_INT, help="Env steps between training rounds (at least num_envs: one round per vector step at most). [256; atari 4; minatar 1]")),
     (("--gradient-steps",), dict(type=_INT, help="Updates per training round. [128; atari 1]")),
     (("--learning-starts",), dict(type=_INT, help="Env steps before the first update. [1000; atari 80000]")),
     (("--target-update-interval",), dict(type=_INT, help="Updates between target updates. [128; offline 1000; atari 1000]")),
