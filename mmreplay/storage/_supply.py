@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 from .format import Header
 from .checks import identity
 from ..core.fs import fsync_dir
-from ..core.errors import DiskFullError, StoreFullError
+from ..core.errors import DiskFullError
 from .segment import Segment, now_ns
-from .claims import allocating, evict_now
+from .claims import allocating
 
 if TYPE_CHECKING:
     from .store import ReplayStore
@@ -107,19 +107,14 @@ class SegmentSupply:
         return not self._ready and self._pending is None and self.usable > 1
 
     def prefetch(self) -> None:
-        """Start making the next segment in the background, unless one is ready or coming."""
+        """Make the next segment now (pre-faulted in the background), unless one is ready or coming."""
         if not self.idle:
             return
-        # evict here, not only in the allocator: the capacity bound then holds however far the
-        # background allocator lags behind this writer (``claims.evict_now``). This runs after
-        # rows were written and published: a full store (on_full="error") or a full disk is
-        # reported by the allocator's own pass instead, through ``ensure`` before the next write
-        try:
-            evict_now(self.store, defer=True)
-        except (StoreFullError, OSError):
-            pass
         self._catalogue_closed()
-        pending: Future[Segment] = Future()  # made here; its errors are raised as a background one's were
+        # made here, on the writer's thread, after its rows were published: the allocation's
+        # eviction pass (``claims.allocating``) counts every row written. Its errors (a full store
+        # with on_full="error", a full disk) are raised by ``ensure`` before the next write
+        pending: Future[Segment] = Future()
         try:
             seg = self._make(self._next_chain, prefault=False)
         except Exception as exc:

@@ -66,19 +66,3 @@ def allocating(store: ReplayStore, *, pending_rows: int = 0, durable: bool = Fal
         yield store.allocate_segment_id(durable=durable)
     finally:
         alloc.release()
-
-
-def evict_now(store: ReplayStore, *, pending_rows: int = 0, defer: bool = False) -> None:
-    """Under ``alloc.lock``, evict what capacity requires, on the caller's thread.
-
-    A writer calls this when it takes a new segment, before it orders the next one from its
-    background allocator: the background pass could lag (the allocator waits for the GIL while
-    the writer appends), and the writer could fill a whole segment first, beyond the capacity
-    bound. The allocator's own pass then usually finds nothing to evict.
-    """
-    alloc = store.lock(ALLOC)
-    alloc.acquire(exclusive=True, blocking=True)
-    try:
-        store.evict_for_new_segment(pending_rows=pending_rows, defer=defer)
-    finally:
-        alloc.release()

@@ -103,7 +103,8 @@ def test_a_single_lane_step_that_is_not_exact_goes_through_the_general_path(tmp_
     s.close()
 
 
-@pytest.mark.parametrize("schema", [VECTOR, ODD], ids=["whole-words", "padded-words"])
+@pytest.mark.parametrize("schema", [VECTOR, ODD, mmreplay.Schema.transition(obs_shape=(10,), obs_dtype=np.float32)],
+                         ids=["whole-words", "padded-words", "odd-word-count"])
 def test_compiled_and_numpy_stamping_write_the_same_stamps(tmp_path, schema, monkeypatch):
     """The row numbers and digests are the same either way (the crc is seeded with the session,
     so it is compared through ``verify``, which checks every group's crc and every digest)."""
