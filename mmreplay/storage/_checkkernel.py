@@ -204,8 +204,11 @@ def stamp_rows(stamps, data, words, records_offset, rec_bytes, mults, first_seq,
     (rows, 2) uint64; ``data``/``words``: the whole segment file as bytes and as uint64."""
     nw = mults.shape[0]
     seq = np.uint64(first_seq + start + 1)
-    if (records_offset | rec_bytes) & 7 == 0:  # whole words: read as words here (a third of the time),
-        base = (records_offset + start * rec_bytes) >> 3  # summed in two chains (a quarter less again)
+    # whole words: row_digest's sum written out here, in two chains (the sum is mod 2**64, so its order
+    # is free) and walking the rows by increment: 1,024 rows in ~6.6 us, against 11-15 us through
+    # row_digest or an inlined helper, and ~9.6 us in one chain
+    if (records_offset | rec_bytes) & 7 == 0:
+        base = (records_offset + start * rec_bytes) >> 3
         for j in range(start, stop):
             h0 = np.uint64(0)
             h1 = np.uint64(0)
