@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/atari.py            # full size: capacity 200,000, 3 s loops, 3 repeats
     .venv/bin/python benchmarks/atari.py --quick    # smoke run: capacity 20,000, 1 s loops, 1 repeat
-    .venv/bin/python benchmarks/atari.py --systems mmreplay,cpprb --lanes 1 8 --repeats 5
+    .venv/bin/python benchmarks/atari.py --systems mmreplay,cpprb --lanes 1 8 --interleaved --repeats 5
                                                     # data written by 1 env and by 8 (a vector env's lanes)
 
 What it measures
@@ -39,11 +39,15 @@ Systems (each filled once with the same episodes, then sampled):
   ``arr[idx + 1]``, the floor any in-RAM stacked store pays. To keep the full-size run within
   RAM, the array is SB3's own observation array (the same layout) when SB3 is present.
 
-Lanes (``--lanes 1 8``): a vector env of L envs writes rows (time, lane), so the frames of one
-stack are L rows apart. With L > 1 the plan's episodes are dealt to L lanes (each to the lane
-whose stream is shortest so far), written through ``store.writer(lanes=L)`` in chunks of 256
-steps (the streams are cut to the shortest; a cut episode's last steps are not sampled), and
-the three mmreplay rows are repeated for that store, marked ``[L lanes]``. cpprb has no lanes:
+Lanes (``--lanes 1 8``): a vector env of L envs writes L rows per step. With L > 1 the plan's
+episodes are dealt to L lanes (each to the lane whose stream is shortest so far), written
+through ``store.writer(lanes=L)`` in chunks of 256 steps (the streams are cut to the shortest;
+a cut episode's last steps are not sampled), and the three mmreplay rows are repeated for that
+store, marked ``[L lanes]``. For frame-sized rows the writer gives each lane a chain of segments
+of its own by default (``lane_segments``, when the capacity holds 4 segments per lane: the full
+size does, ``--quick`` does not), so a stack is one contiguous read; ``--interleaved`` adds a
+store written as (time, lane) rows (``lane_segments=False``), where the frames of one stack are
+L rows apart, marked ``[L lanes, (time, lane) rows]``. cpprb has no lanes:
 its ``stack_compress`` rebuilds a stack from the previous *adds*, so it is correct only when fed
 one stream. The row ``cpprb ... [L lanes]`` feeds it L envs' steps interleaved, one ``add`` per
 env per vector step, as a vector-env loop would: its sanity line counts the wrong stacks, and it
@@ -279,9 +283,9 @@ def lane_rows(stream: list[Episode], length: int) -> dict[str, np.ndarray]:
 
 
 class MMReplay:
-    def __init__(self, plan: Plan, pool: np.ndarray, base: Path, lanes: int = 1) -> None:
+    def __init__(self, plan: Plan, pool: np.ndarray, base: Path, lanes: int = 1, lane_segments: bool | None = None) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="mmreplay-", dir=base)) / "store"
-        self.lanes = lanes
+        self.lanes, self.lane_segments = lanes, lane_segments
         schema = mmreplay.Schema.transition(obs_shape=(H, W), obs_dtype=np.uint8)
         # capacity in rows (T + 1 per episode): all the plan's transitions fit, nothing is evicted
         self.store = mmreplay.create_store(self.path, schema, capacity=plan.rows)
@@ -303,7 +307,8 @@ class MMReplay:
         streams = lane_streams(plan, self.lanes)
         length = min(sum(ep.T + 1 for ep in st) for st in streams)
         cols = [lane_rows(st, length) for st in streams]
-        with self.store.writer(lanes=self.lanes) as w:
+        with self.store.writer(lanes=self.lanes, lane_segments=self.lane_segments) as w:
+            self.lane_segments = w.lane_segments  # the writer's choice when None
             for t0 in range(0, length, chunk):
                 t1 = min(t0 + chunk, length)
                 ids = np.stack([c["frames"][t0:t1] for c in cols], axis=1)  # (T, lanes)
@@ -329,10 +334,12 @@ class MMReplay:
         return {"obs": b.obs, "next_obs": b.next_obs, "action": b.action, "reward": b.reward, "done": b.terminated}
 
     def systems(self) -> list[System]:
-        note = (f"{self.rows:,} rows (T+1 per episode) written by {self.lanes} lane(s); segment files "
+        layout = "" if self.lanes == 1 else (" into lane segments (a chain per lane)" if self.lane_segments
+                                             else " as (time, lane) rows")
+        note = (f"{self.rows:,} rows (T+1 per episode) written by {self.lanes} lane(s){layout}; segment files "
                 f"{gb(self.seg_bytes)} by size, {gb(self.seg_alloc)} allocated on disk "
                 f"({self.seg_alloc / self.rows:,.0f} bytes/row)")
-        tag = lanes_tag(self.lanes)
+        tag = lanes_tag(self.lanes, interleaved=self.lane_segments is False)
         out = []
         s1 = mmreplay.UniformSampler(self.store, frame_stack=STACK, seed=0)
 
@@ -366,8 +373,8 @@ class MMReplay:
         self.store.close()
 
 
-def lanes_tag(lanes: int) -> str:
-    return "" if lanes == 1 else f" [{lanes} lanes]"
+def lanes_tag(lanes: int, interleaved: bool = False) -> str:
+    return "" if lanes == 1 else f" [{lanes} lanes, (time, lane) rows]" if interleaved else f" [{lanes} lanes]"
 
 
 def make_cpprb(plan: Plan, scratch: Scratch, lanes: int = 1) -> System:
@@ -562,6 +569,9 @@ def main() -> None:
                     help="mmreplay stores written by this many lanes (rows (time, lane), as a vector env writes "
                          "them), one store each, e.g. --lanes 1 8; with more than 1, cpprb is also fed that many "
                          "envs' steps interleaved (its stacks are then wrong: the sanity line counts them) [1]")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="with --lanes L > 1, also a store written as (time, lane) rows (lane_segments=False), "
+                         "next to the writer's default (lane segments, a chain per lane, when the capacity allows)")
     args = ap.parse_args()
     if args.quick:
         args.capacity, args.seconds, args.repeats = 20_000, 1.0, 1
@@ -581,7 +591,8 @@ def main() -> None:
 
     # -- resource plan ----------------------------------------------------------------------
     per_trn_torchrl = 2 * STACKED_BYTES + 8 + 4 + 1
-    mm_est = len(args.lanes) * (plan.rows * (FRAME_BYTES + 64) + (64 << 20))
+    stores = len(args.lanes) + (sum(x > 1 for x in args.lanes) if args.interleaved else 0)
+    mm_est = stores * (plan.rows * (FRAME_BYTES + 64) + (64 << 20))
     free_disk = shutil.disk_usage(base).free
     tr_cap = min(n, args.torchrl_capacity or n)
     if "torchrl" in wanted and args.torchrl_capacity is None:
@@ -643,6 +654,13 @@ def main() -> None:
                     return m.systems()
 
                 build(f"mmreplay{lanes_tag(lanes)}", mm)
+            for lanes in (x for x in args.lanes if x > 1 and args.interleaved):
+                def mm_rows(lanes: int = lanes) -> list[System]:
+                    m = MMReplay(plan, pool, base, lanes, lane_segments=False)
+                    closers.append(m.close)
+                    return m.systems()
+
+                build(f"mmreplay{lanes_tag(lanes, interleaved=True)}", mm_rows)
         if "torchrl" in wanted and tr_cap > 0:
             build("torchrl", lambda: make_torchrl(plan, scratch, base, tr_cap))
             if tr_cap < n:

@@ -1,12 +1,13 @@
 """Child processes for the fault tests: a deterministic writer and a checking sampler.
 
-    python tests/_children.py writer STORE KEY ROWS [durability] [publish_rows]
+    python tests/_children.py writer STORE KEY ROWS [durability] [publish_rows] [lanes]
     python tests/_children.py sampler STORE SECONDS
 
 A row's content is a pure function of (writer key, sequence number), so any row read back can
 be checked exactly. The writer prints each sequence number after ``add`` returned (with
 ``publish_rows=1`` every ``add`` is published before it returns: an acknowledgement means
-"published").
+"published"). With ``lanes`` > 1 the writer has lane segments (a chain of segments per lane)
+and lane ``j`` writes key ``100 * KEY + j``: each lane is checked as a writer of its own.
 """
 
 from __future__ import annotations
@@ -37,19 +38,21 @@ def check_rows(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminat
     return None
 
 
-def writer(path: str, key: int, rows: int, durability: str = "segment", publish_rows: int = 1,
+def writer(path: str, key: int, rows: int, durability: str = "segment", publish_rows: int = 1, lanes: int = 1,
            ack: Callable[[int], None] | None = None) -> None:
-    """Append ``rows`` rows as writer ``key``; after each ``add`` returned, ``ack(seq)`` (default:
-    the sequence number as a line on stdout)."""
+    """Append ``rows`` steps as writer ``key`` (``lanes`` rows each); after each ``add`` returned,
+    ``ack(seq)`` (default: the step's sequence number as a line on stdout)."""
     store = mmreplay.open_store(path, mode="a")
-    w = store.writer(lanes=1, durability=durability, publish_rows=publish_rows)
+    w = store.writer(lanes=lanes, durability=durability, publish_rows=publish_rows, lane_segments=lanes > 1)
+    keys = np.arange(lanes) + 100 * key if lanes > 1 else np.array([key])
     if ack is None:
         def ack(seq: int) -> None:
             sys.stdout.write(f"{seq}\n")
             sys.stdout.flush()
     for seq in range(rows):
-        w.add(obs=np.array([[key, seq, content(key, seq)]], np.float32), action=np.array([seq], np.int64),
-              reward=np.array([key], np.float32), terminated=np.array([seq % 37 == 36]), truncated=np.array([False]))
+        w.add(obs=np.stack([keys, np.full(lanes, seq), content(keys, seq)], axis=1).astype(np.float32),
+              action=np.full(lanes, seq, np.int64), reward=keys.astype(np.float32),
+              terminated=np.full(lanes, seq % 37 == 36), truncated=np.zeros(lanes, bool))
         ack(seq)
     w.close()
     store.close()
@@ -89,6 +92,6 @@ def sampler(path: str, seconds: float) -> None:
 if __name__ == "__main__":
     kind, *args = sys.argv[1:]
     if kind == "writer":
-        writer(args[0], int(args[1]), int(args[2]), *(args[3:4]), *(int(a) for a in args[4:5]))
+        writer(args[0], int(args[1]), int(args[2]), *(args[3:4]), *(int(a) for a in args[4:6]))
     else:
         sampler(args[0], float(args[1]))

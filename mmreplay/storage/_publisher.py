@@ -28,7 +28,7 @@ def publisher_loop(w: Writer) -> None:
         with w._mutex:
             if w._closed or w._failed is not None:
                 return
-            if w._seg is None or w._n == w._pub:
+            if not w._segs or w._n == w._pub:
                 w._wake.clear()  # published by an add meanwhile: sleep until rows are staged again
             elif time.monotonic() - w._staged_at >= interval:
                 try:

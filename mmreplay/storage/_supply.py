@@ -25,8 +25,11 @@ Neither may stall the append path, and neither may take the GIL back and forth w
   thread then catalogues it as sealed (at its next ``prefetch()`` or ``wait()``, a batch in one
   catalog line), its file identity recorded as checked (``checks.py``).
 
-Every segment of a session is written by that session only; the chain index
-and first sequence number in its header let readers follow a lane from segment to segment.
+A writer with lane segments writes one chain per lane, in step: the supply then hands out *sets*
+of segments, one per chain (each chain its own session epoch, same chain index), made and
+retired together; a set is made whole or not at all. Every segment of a session is written by
+that session only; the chain index and first sequence number in its header let readers follow
+a lane from segment to segment.
 """
 
 from __future__ import annotations
@@ -50,19 +53,39 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class SegmentSupply:
-    """Segments for one writer session (used under the writer's mutex)."""
+LANE_SEGMENT_BYTES = 4096
+"""Rows at least this large (a frame) give each lane segments of its own by default."""
 
-    def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epoch: int, durability: str) -> None:
+
+def use_lane_segments(store: ReplayStore, lanes: int) -> bool:
+    """Whether a writer of ``lanes`` lanes gives each lane a chain of segments of its own by default:
+    for rows of at least ``LANE_SEGMENT_BYTES`` (frames: a frame stack is then one contiguous read
+    rather than ``frames`` records ``lanes`` rows apart, which cost ~1.3x the time per batch in
+    ``python benchmarks/atari.py --lanes 1 8``), in a store with ``on_full="evict"`` whose
+    capacity is at least 4 segments per lane (its ``lanes`` open segments then add at most a
+    quarter of the capacity to the store's size)."""
+    return (lanes > 1 and store.layout.record_bytes >= LANE_SEGMENT_BYTES and store.on_full == "evict"
+            and 4 * lanes * store.segment_records <= store.capacity)
+
+
+Segments = tuple[Segment, ...]  # one per chain, in chain order
+
+
+class SegmentSupply:
+    """Segment sets (one segment per chain: ``len(epochs)`` chains) for one writer session (used
+    under the writer's mutex)."""
+
+    def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epochs: list[int],
+                 durability: str) -> None:
         self.store = store
         self.writer_id = writer_id
-        self.lanes = lanes
+        self.lanes = lanes  # lanes of each segment
         self.usable = usable
-        self.epoch = epoch
+        self.epochs = epochs
         self.durability = durability
         self._next_chain = 0
-        self._ready: deque[Segment] = deque()
-        self._pending: Future[Segment] | None = None
+        self._ready: deque[Segments] = deque()
+        self._pending: Future[Segments] | None = None
         self._faulter: ThreadPoolExecutor | None = None
         self._syncer: ThreadPoolExecutor | None = None
         self._syncs: list[Future[None]] = []
@@ -70,14 +93,27 @@ class SegmentSupply:
         self._faults: dict[str, Future[None]] = {}  # segments being pre-faulted in the background
 
     # -- making ---------------------------------------------------------------------------
-    def _make(self, chain_index: int, prefault: bool = True) -> Segment:
+    def _make(self, chain_index: int, prefault: bool = True) -> Segments:
+        """One segment per chain at ``chain_index``; on an error, the ones made are deleted."""
+        made: list[Segment] = []
+        try:
+            for epoch in self.epochs:
+                made.append(self._make_one(chain_index, epoch, len(made), prefault))
+        except BaseException:
+            for seg in made:
+                self.discard((seg,))
+            raise
+        return tuple(made)
+
+    def _make_one(self, chain_index: int, epoch: int, made: int, prefault: bool) -> Segment:
         store = self.store
         durable = self.durability == "batch"
         # segments ready but not written yet were made for this batch: they count as held
-        with allocating(store, pending_rows=len(self._ready) * self.usable, durable=durable, defer=True) as sid:
+        held = (len(self._ready) * len(self.epochs) + made) * self.usable
+        with allocating(store, pending_rows=held, durable=durable, defer=True) as sid:
             header = Header(
                 store_uuid=store.store_uuid, segment_id=sid,
-                writer_id=self.writer_id, lanes=self.lanes, session_epoch=self.epoch, chain_index=chain_index,
+                writer_id=self.writer_id, lanes=self.lanes, session_epoch=epoch, chain_index=chain_index,
                 first_seq=chain_index * self.usable, schema_hash=store.schema.hash,
                 segment_records=store.segment_records, usable_records=self.usable,
                 file_size=store.layout.file_size, created_ns=now_ns(),
@@ -114,31 +150,32 @@ class SegmentSupply:
         # made here, on the writer's thread, after its rows were published: the allocation's
         # eviction pass (``claims.allocating``) counts every row written. Its errors (a full store
         # with on_full="error", a full disk) are raised by ``ensure`` before the next write
-        pending: Future[Segment] = Future()
+        pending: Future[Segments] = Future()
         try:
-            seg = self._make(self._next_chain, prefault=False)
+            segs = self._make(self._next_chain, prefault=False)
         except Exception as exc:
             pending.set_exception(exc)
         else:
-            pending.set_result(seg)
+            pending.set_result(segs)
             if self._faulter is None:
                 self._faulter = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-fault-w{self.writer_id}")
-            self._faults[seg.path.name] = self._faulter.submit(seg.prefault)
+            for seg in segs:
+                self._faults[seg.path.name] = self._faulter.submit(seg.prefault)
         self._pending = pending
         if len(self.store.doomed):  # what the evictions above renamed away: unlinked in the background
             self._background(self._reap)
         self._next_chain += 1  # given back by _collect if that segment cannot be made
 
     def ensure(self, count: int) -> None:
-        """Have ``count`` segments ready (raises ``DiskFullError`` before anything is written)."""
+        """Have ``count`` segment sets ready (raises ``DiskFullError`` before anything is written)."""
         if len(self._ready) < count:
             self._collect()
         while len(self._ready) < count:
             self._ready.append(self._make(self._next_chain))
             self._next_chain += 1
 
-    def next(self) -> Segment:
-        """The session's next segment, in chain order. Its pre-faulting may still be running: the
+    def next(self) -> Segments:
+        """The session's next segment set, in chain order. Its pre-faulting may still be running: the
         writer does not wait for it (a page not reached yet faults on first write, as without it;
         a fast writer fills a segment in about the time a background thread takes to get the GIL,
         pre-fault and get the GIL back), and ``retire`` waits for it before the mapping goes."""
@@ -153,8 +190,12 @@ class SegmentSupply:
         return seg
 
     # -- retiring -------------------------------------------------------------------------
-    def retire(self, seg: Segment) -> None:
-        """Close a sealed segment, durably unless ``durability="process"``, then catalogue it."""
+    def retire(self, segs: Segments) -> None:
+        """Close sealed segments, durably unless ``durability="process"``, then catalogue them."""
+        for seg in segs:
+            self._retire(seg)
+
+    def _retire(self, seg: Segment) -> None:
         self._faulted(seg)  # (its mapping is dropped below)
         reader = self.store.reader
         if reader is not None and reader.checker is not None:
@@ -224,14 +265,16 @@ class SegmentSupply:
         finally:
             self._catalogue_closed()
 
-    def discard(self, seg: Segment) -> None:
-        """Delete a segment that never held a row (``.deleted`` rename first, like eviction)."""
-        path = self._faulted(seg).path
-        seg.close()
-        doomed = path.with_name(path.name + ".deleted")
-        os.rename(path, doomed)
-        doomed.unlink(missing_ok=True)  # another process opening the store may finish a .deleted first
-        fsync_dir(path.parent)
+    def discard(self, segs: Segments) -> None:
+        """Delete segments that never held a row (``.deleted`` rename first, like eviction)."""
+        for seg in segs:
+            path = self._faulted(seg).path
+            seg.close()
+            doomed = path.with_name(path.name + ".deleted")
+            os.rename(path, doomed)
+            doomed.unlink(missing_ok=True)  # another process opening the store may finish a .deleted first
+        if segs:
+            fsync_dir(segs[0].path.parent)
 
     def close(self) -> None:
         """Wait for syncs, delete unused spare segments, stop the threads."""

@@ -38,11 +38,13 @@ from .format import (
     PAGE_SIZE,
     STAMPS,
     STATE_OPEN,
+    STATE_SEALED,
     Control,
     Header,
     Layout,
     crc32c,
     digest_multipliers,
+    group_seed,
     SEQ_MASK,
     kernel,
     read_control,
@@ -239,6 +241,33 @@ class Segment:
         CONTROL_STRUCT.pack_into(mm, off, c.version + 1, committed, synced, state, seal_crc)
         CONTROL_CRC_STRUCT.pack_into(mm, off + CONTROL_STRUCT.size, crc32c(self.view[off : off + CONTROL_STRUCT.size]))
         self.control, self._slot = Control(c.version + 1, committed, synced, state, seal_crc), slot
+
+    def commit(self, start: int, stop: int, *, durable: bool) -> None:
+        """Stamp rows ``[start, stop)`` (their records written) as one commit group and publish
+        them: the group's crc over its records, the stamps, then the control slot; ``durable``
+        (``durability="batch"``): msynced and published as synced before this returns."""
+        k = stop - start
+        crc = group_seed(self.header, start, self.header.first_seq + start + 1, k)
+        lo, hi = self.layout.records_span(start, stop)
+        self.stamp(start, stop, crc32c(self.view[lo:hi], crc) | (k << 32))
+        if _failpoint.ACTIVE:
+            _failpoint.hit("after_stamps")
+        if durable:
+            self.make_durable(start, stop)
+            self.publish(stop, synced=stop)
+            self.sync_control()
+        else:
+            self.publish(stop)
+        if _failpoint.ACTIVE:
+            _failpoint.hit("after_publish")
+
+    def seal(self, n: int) -> None:
+        """Publish ``n`` rows as the segment's last and mark it SEALED (immutable from now on,
+        evictable; catalogued when the writer retires it), with the crc of its stamps."""
+        seal_crc = crc32c(self.view[self.layout.stamps_offset :][: n * 16])
+        if _failpoint.ACTIVE:
+            _failpoint.hit("mid_seal")
+        self.publish(n, state=STATE_SEALED, seal_crc=seal_crc)
 
     def sync_rows(self, start: int, stop: int) -> None:
         """msync the payload, flags and stamps of rows ``[start, stop)`` (before publishing them as synced)."""

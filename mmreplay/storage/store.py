@@ -247,11 +247,14 @@ class ReplayStore:
         nonfinite: Literal["error", "warn", "allow"] = "error",
         publish_rows: int = 1024,
         publish_interval_s: float = 0.005,
+        lane_segments: bool | None = None,
     ) -> Writer:
         """Open a writer session with ``lanes`` parallel environments (one per vector-env copy).
 
         ``writer_id=None`` takes the lowest free id; an explicit id held by a live session
-        raises ``WriterBusyError`` at once. See :class:`mmreplay.Writer`.
+        raises ``WriterBusyError`` at once. ``lane_segments``: each lane writes segments of its
+        own (frame stacks read one run); ``None`` (default): for frame-sized rows when the
+        capacity allows. See :class:`mmreplay.Writer`.
         """
         self._check()
         if self.mode != "a":
@@ -260,7 +263,7 @@ class ReplayStore:
 
         validate_writer_args(self, lanes, durability, cast, nonfinite, publish_rows, publish_interval_s)
         w = Writer(self, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast, nonfinite=nonfinite,
-                   publish_rows=publish_rows, publish_interval_s=publish_interval_s)
+                   publish_rows=publish_rows, publish_interval_s=publish_interval_s, lane_segments=lane_segments)
         self._writers.append(w)
         return w
 

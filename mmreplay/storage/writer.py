@@ -3,7 +3,10 @@
 A writer owns ``lanes`` lanes (one per environment of a vector env) and the segments it
 allocates; rows are laid out ``(time, lane)``, so one vector-env step is one contiguous write,
 and the next row of a lane is ``lanes`` rows further on (possibly in the session's next
-segment). ``is_last`` is derived: the row after a ``terminated``/``truncated`` row of a lane is
+segment). With ``lane_segments`` (the default for frame-sized rows, ``_supply.use_lane_segments``)
+each lane has a chain of single-lane segments of its own instead, written in step: a lane's
+consecutive steps are then consecutive records, so a frame stack is one contiguous read.
+``is_last`` is derived: the row after a ``terminated``/``truncated`` row of a lane is
 that episode's final observation, which is what gymnasium's default next-step autoreset
 returns, so the plain vector-env loop stores episodes RLDS/Minari style (T+1 observations).
 
@@ -53,12 +56,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-import crc32c as _crc32c
 import numpy as np
 
 from ..core import failpoint as _failpoint
-from .format import STATE_SEALED, group_seed, kernel
-from ._supply import SegmentSupply
+from .format import kernel
+from ._supply import SegmentSupply, use_lane_segments
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
 from ._publisher import publisher_loop
@@ -77,7 +79,6 @@ _DONE.flags.writeable = _NOT_DONE.flags.writeable = False
 _PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 __all__ = ["MAX_WRITERS", "Durability", "Writer"]
-_extend = _crc32c.crc32c
 
 
 class Writer:
@@ -109,6 +110,7 @@ class Writer:
         nonfinite: Literal["error", "warn", "allow"],
         publish_rows: int = 1024,
         publish_interval_s: float = 0.005,
+        lane_segments: bool | None = None,
     ) -> None:
         self.store = store
         self.lanes = int(lanes)
@@ -116,7 +118,11 @@ class Writer:
         self.cast, self.nonfinite = cast, nonfinite
         self.schema = store.schema
         self.layout = store.layout
-        self.usable = store.segment_records // self.lanes * self.lanes
+        self.lane_segments = self.lanes > 1 and (use_lane_segments(store, self.lanes) if lane_segments is None
+                                                 else bool(lane_segments))
+        # segments written at once, and lanes in each: (1, lanes), or (lanes, 1) with lane segments
+        self._chains, seg_lanes = (self.lanes, 1) if self.lane_segments else (1, self.lanes)
+        self.usable = store.segment_records // seg_lanes * seg_lanes  # rows a segment takes
         self._pid = os.getpid()
         self._admin = store.lock(ADMIN)
         if not self._admin.acquire(exclusive=False):
@@ -134,9 +140,11 @@ class Writer:
             raise
         self.epoch = secrets.randbits(63) | 1
         self.rows_written = 0
-        self._supply = SegmentSupply(store, self.writer_id, self.lanes, self.usable, self.epoch, durability)
-        self._seg: Segment | None = None
-        self._n = 0  # rows written to the current segment
+        # each chain is a session of its own to readers and recovery (its own epoch)
+        epochs = [self.epoch, *(secrets.randbits(63) | 1 for _ in range(self._chains - 1))]
+        self._supply = SegmentSupply(store, self.writer_id, seg_lanes, self.usable, epochs, durability)
+        self._segs: tuple[Segment, ...] = ()  # the open segment of each chain (none before the first roll)
+        self._n = 0  # rows written to each open segment (the chains move in step)
         self._synced = 0
         self._prev_done = np.zeros(self.lanes, np.bool_)
         self._failed: BaseException | None = None
@@ -169,8 +177,8 @@ class Writer:
                 # loads numba (~0.5 s); any writer warms the kernels when numba is already loaded (loading them
                 # from numba's cache took 0.5-1 s in the first publish of a training loop)
                 if kernel(load=self.lanes > 1):
-                    self._seg.stamp(0, 0, 0)
-                    self._seg.rows_finite(0, 0)
+                    self._segs[0].stamp(0, 0, 0)
+                    self._segs[0].rows_finite(0, 0)
         except BaseException:
             self.close()
             raise
@@ -198,22 +206,22 @@ class Writer:
     def publish(self) -> None:
         """Make every row added so far visible to readers in other processes now."""
         with self._mutex:
-            if self._seg is not None and self._failed is None and not self._closed:
+            if self._segs and self._failed is None and not self._closed:
                 self._publish()
 
     def flush(self) -> None:
         """Publish, and make every published row durable (msync), whatever the durability level."""
         self._check()
         with self._mutex:
-            seg = self._seg
-            if seg is None:
+            if not self._segs:
                 return
             self._publish()
             self._wait_syncs()
             if self._synced < self._n:
-                seg.make_durable(self._synced, self._n)
-                seg.publish(self._n, synced=self._n)
-                seg.sync_control()
+                for seg in self._segs:
+                    seg.make_durable(self._synced, self._n)
+                    seg.publish(self._n, synced=self._n)
+                    seg.sync_control()
                 self._synced = self._n
 
     def end_episodes(self, last_obs: Any) -> None:
@@ -238,15 +246,16 @@ class Writer:
             if last_obs is not None and self._failed is None:
                 self._append_last(last_obs)
             with self._mutex:
-                if self._seg is not None and self._failed is None:
+                if self._segs and self._failed is None:
                     self._publish()
                     if self._n == 0:
-                        self._supply.discard(self._seg)  # never written: leave no empty segment
+                        self._supply.discard(self._segs)  # never written: leave no empty segment
                     else:
                         if self._n < self.usable:
-                            self._seal(self._seg)
-                        self._supply.retire(self._seg)
-                    self._seg = None
+                            for seg in self._segs:
+                                seg.seal(self._n)
+                        self._supply.retire(self._segs)
+                    self._segs = ()
                 try:
                     self._supply.close()
                 except BaseException as exc:
@@ -274,14 +283,16 @@ class Writer:
     @property
     def last_row_id(self) -> int:
         """Global row id of the newest row written (the last lane's row of the newest step); -1 if none."""
-        return -1 if (seg := self._seg) is None or self._n == 0 else seg.header.segment_id * self.layout.segment_records + self._n - 1
+        return -1 if not self._segs or self._n == 0 else self._segs[-1].header.segment_id * self.layout.segment_records + self._n - 1
 
     def stats(self) -> dict[str, Any]:
         """This session as tools and tests see it: the open segment (chain index, rows), rows not
         yet published, whether the next segment is ordered, and the publisher thread's state."""
         with self._mutex:
-            return {"writer_id": self.writer_id, "lanes": self.lanes, "rows_written": self.rows_written,
-                    "segment_chain_index": None if (seg := self._seg) is None else seg.header.chain_index,
+            seg = self._segs[0] if self._segs else None
+            return {"writer_id": self.writer_id, "lanes": self.lanes, "lane_segments": self.lane_segments,
+                    "rows_written": self.rows_written,
+                    "segment_chain_index": None if seg is None else seg.header.chain_index,
                     "segment_rows": self._n, "unpublished_rows": self._n - self._pub if seg else 0,
                     "next_segment_ordered": not self._supply.idle, "publisher_waiting": self._wake.is_set(),
                     "publisher_alive": self._publisher is not None and self._publisher.is_alive()}
@@ -307,7 +318,7 @@ class Writer:
         if self._pid != _PID[0] or self._closed or self._failed is not None:
             return False
         with self._mutex:
-            seg, n, pd = self._seg, self._n, self._prev_done  # pd: _DONE / _NOT_DONE, an array after the general path
+            seg, n, pd = self._segs[0] if self._segs else None, self._n, self._prev_done  # pd: _DONE / _NOT_DONE, an array after the general path
             if (seg is None or n >= self.usable  # (a roll first: the general path)
                     or (rec := self._row_bytes(data, b"\x00" if pd is _NOT_DONE or (pd is not _DONE and not pd[0])
                                                else b"\x01")) is None):
@@ -318,7 +329,7 @@ class Writer:
                 self._prev_done = _DONE if rec[self._term_at] or rec[self._trunc_at] else _NOT_DONE
                 if _failpoint.ACTIVE:
                     _failpoint.hit("after_payload")
-                self._after_write(seg)  # the one publish / seal / next-segment policy
+                self._after_write()  # the one publish / seal / next-segment policy
             except BaseException as exc:
                 self._failed = exc
                 raise
@@ -332,7 +343,8 @@ class Writer:
         L = self.lanes
         # a step that fits the open segment is copied first and its float runs checked in place
         # (one reduction per run; unpublished and zeroed if one fails); others are checked first
-        post = step and L > 1 and bool(self._steps.float_checks) and self._seg is not None and self._n + L <= self.usable
+        post = (step and L > 1 and self._chains == 1 and bool(self._steps.float_checks) and self._segs
+                and self._n + L <= self.usable)
         arrays = self._steps.exact(data, not post) if step else None
         if post and arrays is not None:
             with self._mutex:
@@ -387,42 +399,47 @@ class Writer:
             self._prev_done = np.zeros(self.lanes, np.bool_)
 
     def _write(self, flat: Mapping[str, np.ndarray], is_last: np.ndarray, rows: int, post: bool = False) -> None:
-        """Write ``rows`` rows (every array has leading dimension ``rows``); caller holds the mutex.
-        ``post``: rows that fit the open segment whose floats are checked once copied (``_NonFinite``
-        leaves them uncounted and zeroed)."""
-        # allocate every segment this batch needs before writing a byte of it
-        free = self.usable - self._n if self._seg is not None else 0
-        if rows > free:
-            self._supply.ensure(-(-(rows - free) // self.usable))
+        """Write ``rows`` rows (every array has leading dimension ``rows``, in ``(time, lane)``
+        order); caller holds the mutex. With lane segments, lane ``c``'s rows (``x[c::lanes]``)
+        go to chain ``c``. ``post``: rows that fit the open segment whose floats are checked once
+        copied (``_NonFinite`` leaves them uncounted and zeroed)."""
+        C = self._chains
+        per = rows // C  # rows each chain takes
+        # allocate every segment this batch needs, in every chain, before writing a byte of it
+        free = self.usable - self._n if self._segs else 0
+        if per > free:
+            self._supply.ensure(-(-(per - free) // self.usable))
         pos = 0
         try:
-            while pos < rows:
+            while pos < per:
                 n = self._n
-                if self._seg is None or n == self.usable:
+                if not self._segs or n == self.usable:
                     self._roll()
                     n = 0
-                seg = self._seg
-                k = rows - pos if rows - pos <= self.usable - n else self.usable - n
-                cols = seg.columns  # (a single exact row took _add_row's one-copy path instead)
-                whole = pos == 0 and k == rows
-                for name, x in flat.items():
-                    cols[name][n : n + k] = x if whole else x[pos : pos + k]
-                seg.is_last[n : n + k] = is_last if whole else is_last[pos : pos + k]
-                if post and not seg.rows_finite(n, n + k):
-                    seg.records[n : n + k] = self._zero_record  # never counted, never published
-                    raise _NonFinite
+                k = per - pos if per - pos <= self.usable - n else self.usable - n
+                whole = pos == 0 and k == per
+                for c, seg in enumerate(self._segs):
+                    cols = seg.columns  # (a single exact row took _add_row's one-copy path instead)
+                    for name, x in flat.items():
+                        x = x if C == 1 else x[c::C]
+                        cols[name][n : n + k] = x if whole else x[pos : pos + k]
+                    last = is_last if C == 1 else is_last[c::C]
+                    seg.is_last[n : n + k] = last if whole else last[pos : pos + k]
+                    if post and not seg.rows_finite(n, n + k):
+                        seg.records[n : n + k] = self._zero_record  # never counted, never published
+                        raise _NonFinite
                 self._n = n + k
                 pos += k
                 if _failpoint.ACTIVE:
                     _failpoint.hit("after_payload")
-                self._after_write(seg)
+                self._after_write()
         except BaseException as exc:
             if not isinstance(exc, (KeyboardInterrupt, SchemaError, _NonFinite)):
                 self._failed = exc
             raise
 
-    def _after_write(self, seg: Segment) -> None:
-        """Publish when the policy says so; seal a full segment. Caller holds the mutex."""
+    def _after_write(self) -> None:
+        """Publish when the policy says so; seal full segments. Caller holds the mutex."""
         n = self._n
         now = time.monotonic()
         if self._staged_at == 0.0:
@@ -431,11 +448,12 @@ class Writer:
         # spare), then as soon as a segment is taken (a whole segment's time to make it); rows are
         # published first, so the eviction it runs counts every row written
         order_next = n >= self._order_at and self._supply.idle
-        if (order_next or n == self.usable or n - self._pub >= self._pub_rows
+        if (order_next or n == self.usable or (n - self._pub) * self._chains >= self._pub_rows
                 or now - self._staged_at >= self.publish_interval_s):  # rows waited long enough
             self._publish()
-            if n == self.usable:
-                self._seal(seg)  # full: sealed now, so eviction and readers see it as immutable
+            if n == self.usable:  # full: sealed now, so eviction and readers see it as immutable
+                for seg in self._segs:
+                    seg.seal(n)
         elif not self._wake.is_set():
             self._wake.set()  # the publisher publishes these rows if no add comes within the interval
         if order_next:
@@ -444,46 +462,28 @@ class Writer:
         self.store._dirty = True
 
     def _publish(self) -> None:
-        """Stamp rows ``[pub, n)`` as one commit group and publish them. Caller holds the mutex."""
-        seg = self._seg
+        """Stamp rows ``[pub, n)`` of each open segment as one commit group and publish them
+        (``Segment.commit``). Caller holds the mutex."""
         n, p = self._n, self._pub
-        if seg is None or n == p:
+        if not self._segs or n == p:
             return
-        k = n - p
-        seq0 = seg.header.first_seq + p
-        crc = group_seed(seg.header, p, seq0 + 1, k)
-        lo, hi = self.layout.records_span(p, n)
-        crc = _extend(seg.view[lo:hi], crc)
-        seg.stamp(p, n, crc | (k << 32))  # row numbers, row digests (format 2), the group's crc and length
-        if _failpoint.ACTIVE:
-            _failpoint.hit("after_stamps")
-        if self.durability == "batch":
-            seg.make_durable(p, n)
-            seg.publish(n, synced=n)
-            seg.sync_control()
+        batch = self.durability == "batch"
+        for seg in self._segs:
+            seg.commit(p, n, durable=batch)
+        if batch:
             self._synced = n
-        else:
-            seg.publish(n)
-        if _failpoint.ACTIVE:
-            _failpoint.hit("after_publish")
         self._pub = n
         self._staged_at = 0.0  # nothing unpublished
-        self.rows_written = seq0 + k
+        self.rows_written = (self._segs[0].header.first_seq + n) * self._chains
 
     def _roll(self) -> None:
         nxt = self._supply.next()
-        if self._seg is not None:  # full, hence already published and sealed
-            self._supply.retire(self._seg)
-        self._seg = nxt
+        if self._segs:  # full, hence already published and sealed
+            self._supply.retire(self._segs)
+        self._segs = nxt
         self._n = self._synced = self._pub = 0
-        self._order_at = 0 if nxt.header.chain_index > 0 else -(-self.usable // 2)
+        self._order_at = 0 if nxt[0].header.chain_index > 0 else -(-self.usable // 2)
         self.store._need_scan = True
-
-    def _seal(self, seg: Segment) -> None:  # SEALED: immutable from now on, evictable, catalogued
-        seal_crc = _crc32c.crc32c(seg.view[self.layout.stamps_offset :][: self._n * 16])
-        if _failpoint.ACTIVE:
-            _failpoint.hit("mid_seal")
-        seg.publish(self._n, state=STATE_SEALED, seal_crc=seal_crc)  # catalogued when retired (_supply)
 
     def _wait_syncs(self) -> None:
         try:

@@ -45,9 +45,9 @@ def assert_prefix(seqs: np.ndarray, at_least: int, evicted_ok: bool = False) -> 
     assert (seqs[-1] + 1 if len(seqs) else 0) >= at_least, f"acknowledged rows lost: {len(seqs)} < {at_least}"
 
 
-def run_writer(path, key, rows, failpoint=None, durability="segment", timeout=60):
+def run_writer(path, key, rows, failpoint=None, durability="segment", timeout=60, lanes=1):
     env = {**os.environ, "MMREPLAY_FAILPOINT": failpoint or ""}
-    out = subprocess.run([sys.executable, CHILD, "writer", str(path), str(key), str(rows), durability],
+    out = subprocess.run([sys.executable, CHILD, "writer", str(path), str(key), str(rows), durability, "1", str(lanes)],
                          env=env, capture_output=True, text=True, timeout=timeout)
     acked = len(out.stdout.split())
     return out.returncode, acked, out.stderr
@@ -84,6 +84,34 @@ def test_failpoints_on_the_append_path(small_store, point, expect, acks):
     rc, acked2, err = run_writer(small_store, 2, 10)
     assert rc == 0, err
     assert len(visible_rows(small_store)[2]) == 10
+
+
+@pytest.mark.parametrize(
+    ("point", "expect"),
+    [
+        ("after_payload:5", (4, 4, 4)),  # step 4 copied into every lane's segment, not stamped: absent
+        ("after_stamps:14", (5, 4, 4)),  # step 4: lane 0's group stamped and published, lane 1's stamped only
+        ("after_publish:14", (5, 5, 4)),  # lanes 0 and 1 published, lane 2 not yet
+        ("mid_seal:2", (16, 16, 16)),  # every lane's full segment published, the second seal interrupted
+    ],
+)
+def test_failpoints_with_lane_segments(small_store, point, expect):
+    """A writer of 3 lanes with lane segments (a chain per lane), killed mid-append: every lane
+    keeps an exact prefix of its rows, each lane at least every acknowledged step; lanes may end
+    one commit group apart (each lane's chain is published on its own), never more."""
+    rc, acked, err = run_writer(small_store, 1, 100, point, lanes=3)
+    assert rc == -signal.SIGKILL, err
+    s = mmreplay.open_store(small_store, mode="a")  # recovery runs here
+    assert s.verify() == []
+    assert {s.reader.segments[k].header.lanes for k in s.reader.segments} == {1}
+    s.close()
+    rows = visible_rows(small_store)
+    assert tuple(len(rows.get(100 + j, ())) for j in range(3)) == expect
+    for j in range(3):
+        assert_prefix(rows[100 + j], acked)
+    rc, acked2, err = run_writer(small_store, 2, 10, lanes=3)  # a new session appends after the recovered rows
+    assert rc == 0, err
+    assert [len(visible_rows(small_store)[200 + j]) for j in range(3)] == [10, 10, 10]
 
 
 @pytest.mark.parametrize("point", ["after_fallocate:2", "before_rename:2", "after_fallocate:3", "before_rename:4"])

@@ -61,13 +61,14 @@ def reference(rows, n, gamma, k, first_present=None):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lanes=st.integers(1, 3), steps=st.integers(1, 40), n=st.integers(1, 4), k=st.integers(1, 4),
        gamma=st.sampled_from([0.0, 0.5, 0.99, 1.0]), final=st.booleans(), seed=st.integers(0, 2**16),
-       per=st.booleans(), capacity=st.sampled_from([10_000, 12]))
-def test_windows_match_the_reference(tmp_path_factory, lanes, steps, n, k, gamma, final, seed, per, capacity):
+       per=st.booleans(), capacity=st.sampled_from([10_000, 12]), lane_segments=st.booleans())
+def test_windows_match_the_reference(tmp_path_factory, lanes, steps, n, k, gamma, final, seed, per, capacity,
+                                     lane_segments):
     rng = np.random.default_rng(seed)
     store = mmreplay.create_store(tmp_path_factory.mktemp("w") / "s", SCHEMA, segment_records=6, capacity=capacity)
     rows = {lane: [] for lane in range(lanes)}
     prev = np.zeros(lanes, bool)
-    with store.writer(lanes=lanes) as w:
+    with store.writer(lanes=lanes, lane_segments=lane_segments) as w:
         for t in range(steps):
             kind = rng.choice([0, 0, 0, 1, 2], size=lanes)
             term, trunc = kind == 1, kind == 2
@@ -142,13 +143,14 @@ def test_bad_view_arguments(store):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lanes=st.integers(1, 3), steps=st.integers(1, 30), length=st.integers(1, 5), burn_in=st.integers(0, 2),
-       stride=st.integers(1, 3), final=st.booleans(), seed=st.integers(0, 2**16))
-def test_sequences_match_the_reference(tmp_path_factory, lanes, steps, length, burn_in, stride, final, seed):
+       stride=st.integers(1, 3), final=st.booleans(), seed=st.integers(0, 2**16), lane_segments=st.booleans())
+def test_sequences_match_the_reference(tmp_path_factory, lanes, steps, length, burn_in, stride, final, seed,
+                                       lane_segments):
     rng = np.random.default_rng(seed)
     store = mmreplay.create_store(tmp_path_factory.mktemp("q") / "s", SCHEMA, segment_records=6)
     last = {lane: [] for lane in range(lanes)}
     prev = np.zeros(lanes, bool)
-    with store.writer(lanes=lanes) as w:
+    with store.writer(lanes=lanes, lane_segments=lane_segments) as w:
         for t in range(steps):
             kind = rng.choice([0, 0, 0, 1, 2], size=lanes)
             obs = np.stack([np.arange(lanes, dtype=np.float32), np.full(lanes, t, np.float32)], 1)

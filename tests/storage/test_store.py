@@ -139,10 +139,11 @@ def test_end_episodes_ends_every_lane_and_keeps_writing(store):
     assert store.info()["episodes_incomplete"] >= 2  # the two end_episodes ended (no flag)
 
 
-@pytest.mark.parametrize("lanes", [1, 2])  # one lane: the generated single-row check (_steps.row_bytes)
-def test_bad_input_writes_nothing(store, lanes):
+# one lane: the generated single-row check (_steps.row_bytes); lane segments: every lane checked before any is written
+@pytest.mark.parametrize(("lanes", "lane_segments"), [(1, None), (2, None), (2, True)])
+def test_bad_input_writes_nothing(store, lanes, lane_segments):
     L = lanes
-    w = store.writer(lanes=L)
+    w = store.writer(lanes=L, lane_segments=lane_segments)
     w.add(**step(L, 0))
     w.flush()
     store.refresh()
@@ -352,16 +353,59 @@ def test_writer_rejects_bad_arguments(store):
         store.writer(lanes=33)
 
 
+@pytest.mark.parametrize("lane_segments", [False, True])
 @pytest.mark.parametrize("durability", ["process", "segment", "batch"])
-def test_durability_levels_all_store_the_same_rows(tmp_path, schema, durability):
+def test_durability_levels_all_store_the_same_rows(tmp_path, schema, durability, lane_segments):
     s = mmreplay.create_store(tmp_path / durability, schema, segment_records=16)
-    with s.writer(lanes=2, durability=durability) as w:
+    with s.writer(lanes=2, durability=durability, lane_segments=lane_segments) as w:
         for t in range(20):
             w.add(**step(2, t))
+        w.flush()
+        assert mmreplay.open_store(s.path, mode="r").num_rows == 40  # flushed: visible elsewhere
     s.close()
     r = mmreplay.open_store(tmp_path / durability)
     assert r.num_rows == 40 and len(r.transition_ids()) == 38
+    assert {int(r.reader.segments[k].header.lanes) for k in r.reader.segments} == ({1} if lane_segments else {2})
     r.close()
+
+
+def test_lane_segments_keep_each_lanes_steps_consecutive_and_are_the_default_for_frames(tmp_path):
+    """With lane segments every segment holds one lane, its consecutive steps as consecutive rows
+    (a frame stack is one contiguous read); the default for frame-sized rows when the capacity holds
+    4 segments per lane, else rows stay (time, lane). Groups count every lane's rows (publish_rows)."""
+    frames = mmreplay.Schema.transition(obs_shape=(64, 64), obs_dtype=np.uint8)  # 4 KiB rows
+    s = mmreplay.create_store(tmp_path / "f", frames, capacity=4 * 3 * 32, segment_records=32)
+    lane_t = lambda t: np.stack([np.full((64, 64), j * 70 + t, np.uint8) for j in range(3)])  # noqa: E731
+    with s.writer(lanes=3, publish_rows=30) as w:
+        assert w.lane_segments and w.stats()["lane_segments"]
+        for t in range(10):
+            w.add(obs=lane_t(t), action=np.zeros(3, np.int64), reward=np.full(3, t, np.float32),
+                  terminated=np.zeros(3, bool), truncated=np.zeros(3, bool))
+        assert w.stats()["unpublished_rows"] == 0  # 3 lanes x 10 steps: a full group of 30 rows
+        for t in range(10, 70):
+            w.add(obs=lane_t(t), action=np.zeros(3, np.int64), reward=np.full(3, t, np.float32),
+                  terminated=np.zeros(3, bool), truncated=np.zeros(3, bool))
+    s.refresh()
+    r, snap = s.reader, s.reader.snapshot
+    assert len(snap.segment_ids) == 9 and set(snap.lanes.tolist()) == {1}
+    for k in range(len(snap.segment_ids)):
+        px = r.columns["obs"][int(snap.windows[k]), : int(snap.committed[k]), 0, 0].astype(int)
+        lane, t = px // 70, px % 70
+        assert (lane == lane[0]).all() and (np.diff(t) == 1).all()
+    b = UniformSampler(s, frame_stack=4, seed=0).sample(64)
+    px = b.obs[:, :, 0, 0].astype(int)
+    assert ((px // 70) == (px[:, -1:] // 70)).all()  # one lane per stack
+    assert ((np.diff(px % 70, axis=1) == 1) | ((px[:, :-1] % 70) == 0)).all()  # consecutive steps (clamped at 0)
+    s.close()
+    small = mmreplay.create_store(tmp_path / "s", mmreplay.Schema.transition((3,)), capacity=10_000, segment_records=32)
+    narrow = mmreplay.create_store(tmp_path / "n", frames, capacity=4 * 3 * 32 - 1, segment_records=32)
+    strict = mmreplay.create_store(tmp_path / "e", frames, capacity=10_000, segment_records=32, on_full="error")
+    for store, lanes in ((small, 3), (narrow, 3), (strict, 3), (s, 1)):
+        if store is s:
+            store = mmreplay.open_store(s.path, mode="a")
+        with store.writer(lanes=lanes) as w:
+            assert not w.lane_segments
+        store.close()
 
 
 def test_store_used_after_close(store):
