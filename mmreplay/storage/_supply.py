@@ -98,18 +98,20 @@ class SegmentSupply:
         made: list[Segment] = []
         try:
             for epoch in self.epochs:
-                made.append(self._make_one(chain_index, epoch, len(made), prefault))
+                made.append(self._make_one(chain_index, epoch, prefault))
         except BaseException:
             for seg in made:
                 self.discard((seg,))
             raise
         return tuple(made)
 
-    def _make_one(self, chain_index: int, epoch: int, made: int, prefault: bool) -> Segment:
+    def _make_one(self, chain_index: int, epoch: int, prefault: bool) -> Segment:
         store = self.store
         durable = self.durability == "batch"
-        # segments ready but not written yet were made for this batch: they count as held
-        held = (len(self._ready) * len(self.epochs) + made) * self.usable
+        # segment sets ready but not written yet were made for this batch: they count as held (the
+        # other chains' segments of the set being made do not: each lane's open segment is like a
+        # writer's, beyond the capacity kept)
+        held = len(self._ready) * len(self.epochs) * self.usable
         with allocating(store, pending_rows=held, durable=durable, defer=True) as sid:
             header = Header(
                 store_uuid=store.store_uuid, segment_id=sid,

@@ -406,6 +406,15 @@ def test_lane_segments_keep_each_lanes_steps_consecutive_and_are_the_default_for
         with store.writer(lanes=lanes) as w:
             assert not w.lane_segments
         store.close()
+    # eviction keeps `capacity` published rows: a lane's new segment does not count the other lanes' empty ones
+    full = mmreplay.create_store(tmp_path / "c", frames, capacity=4 * 3 * 32, segment_records=32)
+    with full.writer(lanes=3) as w:
+        for t in range(140):
+            w.add(obs=lane_t(t % 70), action=np.zeros(3, np.int64), reward=np.zeros(3, np.float32),
+                  terminated=np.zeros(3, bool), truncated=np.zeros(3, bool))
+    full.refresh()
+    assert full.num_rows == 420  # 384 rows of capacity reached, nothing evicted yet
+    full.close()
 
 
 def test_store_used_after_close(store):
