@@ -410,6 +410,9 @@ class Writer:
         if per > free:
             self._supply.ensure(-(-(per - free) // self.usable))
         pos = 0
+        # what each chain takes: all of it, or with lane segments lane c's rows (strided views)
+        parts = ((flat, is_last),) if C == 1 else tuple(({name: x[c::C] for name, x in flat.items()}, is_last[c::C])
+                                                        for c in range(C))
         try:
             while pos < per:
                 n = self._n
@@ -418,12 +421,10 @@ class Writer:
                     n = 0
                 k = per - pos if per - pos <= self.usable - n else self.usable - n
                 whole = pos == 0 and k == per
-                for c, seg in enumerate(self._segs):
+                for seg, (src, last) in zip(self._segs, parts):
                     cols = seg.columns  # (a single exact row took _add_row's one-copy path instead)
-                    for name, x in flat.items():
-                        x = x if C == 1 else x[c::C]
+                    for name, x in src.items():
                         cols[name][n : n + k] = x if whole else x[pos : pos + k]
-                    last = is_last if C == 1 else is_last[c::C]
                     seg.is_last[n : n + k] = last if whole else last[pos : pos + k]
                     if post and not seg.rows_finite(n, n + k):
                         seg.records[n : n + k] = self._zero_record  # never counted, never published
