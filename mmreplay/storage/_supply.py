@@ -60,8 +60,8 @@ LANE_SEGMENT_BYTES = 4096
 def use_lane_segments(store: ReplayStore, lanes: int) -> bool:
     """Whether a writer of ``lanes`` lanes gives each lane a chain of segments of its own by default:
     for rows of at least ``LANE_SEGMENT_BYTES`` (frames: a frame stack is then one contiguous read
-    rather than ``frames`` records ``lanes`` rows apart, which cost ~1.3x the time per batch in
-    ``python benchmarks/atari.py --lanes 1 8``), in a store with ``on_full="evict"`` whose
+    rather than ``frames`` records ``lanes`` rows apart, which cost 1.4-1.6x the time per batch in
+    ``python benchmarks/atari.py --lanes 1 8 --interleaved``), in a store with ``on_full="evict"`` whose
     capacity is at least 4 segments per lane (its ``lanes`` open segments then add at most a
     quarter of the capacity to the store's size)."""
     return (lanes > 1 and store.layout.record_bytes >= LANE_SEGMENT_BYTES and store.on_full == "evict"
