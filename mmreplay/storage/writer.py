@@ -112,6 +112,8 @@ class Writer:
         publish_interval_s: float = 0.005,
         lane_segments: bool | None = None,
     ) -> None:
+        if lane_segments not in (None, True, False):
+            raise ValueError(f"`lane_segments` must be True, False or None (the default's choice), got {lane_segments!r}")
         self.store = store
         self.lanes = int(lanes)
         self.durability = durability

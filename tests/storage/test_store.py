@@ -351,6 +351,10 @@ def test_writer_rejects_bad_arguments(store):
         store.writer(durability="sometimes")
     with pytest.raises(ValueError, match="more than the store's segment_records"):
         store.writer(lanes=33)
+    with pytest.raises(ValueError, match="`lane_segments` must be True, False or None"):
+        store.writer(lanes=2, lane_segments="yes")
+    with store.writer(lanes=2):  # the refused writers took no writer id
+        pass
 
 
 @pytest.mark.parametrize("lane_segments", [False, True])
