@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import crc32c as _crc32c
 import numpy as np
 
 from .format import PAGE_SIZE, STATE_SEALED, Header, Layout
@@ -92,8 +91,7 @@ def recover_segment(seg: Segment) -> tuple[int, int]:
     if len(nz):
         tail[: nz[-1] + 1] = 0  # stale stamps past the prefix must never come back
     seg.sync_rows(0, usable)
-    seal_crc = _crc32c.crc32c(seg.view[seg.layout.stamps_offset :][: n * 16])
-    seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seal_crc)
+    seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seg.stamps_crc(n))
     seg.sync_control()
     return n, dropped
 

@@ -253,9 +253,7 @@ class Segment:
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")
         if durable:
-            self.make_durable(start, stop)
-            self.publish(stop, synced=stop)
-            self.sync_control()
+            self.publish_durable(start, stop)
         else:
             self.publish(stop)
         if _failpoint.ACTIVE:
@@ -264,10 +262,21 @@ class Segment:
     def seal(self, n: int) -> None:
         """Publish ``n`` rows as the segment's last and mark it SEALED (immutable from now on,
         evictable; catalogued when the writer retires it), with the crc of its stamps."""
-        seal_crc = crc32c(self.view[self.layout.stamps_offset :][: n * 16])
+        seal_crc = self.stamps_crc(n)
         if _failpoint.ACTIVE:
             _failpoint.hit("mid_seal")
         self.publish(n, state=STATE_SEALED, seal_crc=seal_crc)
+
+    def stamps_crc(self, n: int) -> int:
+        """crc32c of the stamps of rows ``[0, n)``: a sealed segment's ``seal_crc``."""
+        return crc32c(self.view[self.layout.stamps_offset :][: n * 16])
+
+    def publish_durable(self, start: int, stop: int) -> None:
+        """Make rows ``[start, stop)`` durable (``make_durable``), then publish ``stop`` rows as
+        committed and synced and msync the control page."""
+        self.make_durable(start, stop)
+        self.publish(stop, synced=stop)
+        self.sync_control()
 
     def sync_rows(self, start: int, stop: int) -> None:
         """msync the payload, flags and stamps of rows ``[start, stop)`` (before publishing them as synced)."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import crc32c as _crc32c
 import numpy as np
 
 from .catalog import SegmentRecord
@@ -117,7 +116,7 @@ def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, 
                 return [Problem(name, None, "open segment of a dead writer: needs recovery")]
         n = min(c.committed, h.usable_records)
         if fast and c.state == STATE_SEALED:
-            crc = _crc32c.crc32c(seg.view[store.layout.stamps_offset :][: n * 16])
+            crc = seg.stamps_crc(n)
             return [] if crc == c.seal_crc else [Problem(name, None, "crc of the stamp column does not match the seal")]
         bad = np.flatnonzero(scan(h, store.layout, seg.stamps, seg.view, 0, n))
         if not len(bad):

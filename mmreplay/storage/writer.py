@@ -221,9 +221,7 @@ class Writer:
             self._wait_syncs()
             if self._synced < self._n:
                 for seg in self._segs:
-                    seg.make_durable(self._synced, self._n)
-                    seg.publish(self._n, synced=self._n)
-                    seg.sync_control()
+                    seg.publish_durable(self._synced, self._n)
                 self._synced = self._n
 
     def end_episodes(self, last_obs: Any) -> None:
