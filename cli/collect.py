@@ -28,7 +28,8 @@ from ._errors import describe, friendly, one_line
               help="Rows kept when creating the store (oldest segments are evicted beyond it).")
 @click.option("--segment-records", type=click.IntRange(min=1), default=None,
               help="Rows per segment file when creating the store [about 32 MiB]; a store holds up to --capacity "
-                   "plus one segment per worker and one more, so use segments well below a small capacity.")
+                   "plus one segment per worker (per env for frame rows with lane segments, README 'Lanes') and one more, so "
+                   "use segments well below a small capacity.")
 @click.option("--durability", type=click.Choice(["process", "segment", "batch"]), default="segment", show_default=True,
               help="What a crash can lose; see README 'Guarantees'.")
 @click.option("--max-episode-steps", type=click.IntRange(min=1), default=None, help="Truncate episodes at T steps.")
