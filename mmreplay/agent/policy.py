@@ -161,7 +161,12 @@ class QNetwork(nn.Module):
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def forward(self, obs: Any) -> torch.Tensor:
-        z = self.encoder(self.encode_input(obs))
+        x = self.encode_input(obs)
+        if self.spec["kind"] == "minatar":  # the encoder's layers as functional calls (the same parameters): a
+            conv, lin = self.encoder[0], self.encoder[3]  # module call costs ~3 us, a quarter of a one-row forward
+            z = F.relu(F.linear(F.relu(F.conv2d(x, conv.weight, conv.bias)).flatten(1), lin.weight, lin.bias))
+        else:
+            z = self.encoder(x)
         if self.spec["dueling"]:
             a = self.advantage(z)
             return self.value(z) + a - a.mean(dim=1, keepdim=True)

@@ -214,13 +214,14 @@ class Run:
         return {"env_id": c.eval_env or c.env_id, "algo": c.algo, "seed": c.seed, "atari": c.atari,
                 "frame_stack": c.frame_stack, "offline": c.offline}
 
-    def make_sampler(self, store: ReplayStore, total_updates: int) -> TransitionSampler:
+    def make_sampler(self, store: ReplayStore, total_updates: int,
+                     refresh_interval_s: float | None = 1.0) -> TransitionSampler:
         from ..sampling import load_kernels
         from ..sampling.prioritized import PrioritizedSampler
         from ..sampling.uniform import UniformSampler
 
         c = self.cfg
-        refresh = None if c.offline else 1.0
+        refresh = None if c.offline else refresh_interval_s
         if c.prioritized:
             sampler: TransitionSampler = PrioritizedSampler(
                 store, alpha=c.per_alpha, beta=c.per_beta, beta_final=c.per_beta_final,

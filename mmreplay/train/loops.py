@@ -7,9 +7,10 @@ loops (``train_online``, ``train_actors``, ``train_offline``) top to bottom.
 
 * **Online, ``actors=0``**: one process steps a vector env, writes each step into the store
   (``writer.add``), and every ``train_freq`` env steps runs ``gradient_steps`` updates on batches
-  drawn from the store. Before a training round the store is refreshed, so every row written so
-  far (and nothing else) can be drawn, and batches are drawn in the loop's own thread: with a
-  seed, a run is exactly reproducible (same weights, same metrics, on the same machine).
+  drawn from the store. Before a training round the store is refreshed (at most every
+  ``REFRESH_ROWS`` env steps), so every row written up to that refresh (and nothing else) can be
+  drawn, and batches are drawn in the loop's own thread: with a seed, a run is exactly
+  reproducible (same weights, same metrics, on the same machine).
 * **Online, ``actors>0``**: actor processes (``mmreplay.ActorPool``) write the store
   with their own writers; the learner samples through a ``BatchLoader``, publishes its weights
   every ``publish_every`` updates (a policy file written atomically), and a samples-per-insert
@@ -208,6 +209,12 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 
 # -- online, synchronous ------------------------------------------------------------------------------
+REFRESH_ROWS = 8
+"""Env steps between the store refreshes of ``train_online`` at the least: at one update per env step a
+refresh (the writer's commit, the reader's counts) per update cost ~70 us of a ~2 ms step (MinAtar,
+``benchmarks/minatar_dqn.py``); the newest rows (at most 7 of them) wait for the next refresh."""
+
+
 def train_online(cfg: TrainConfig) -> TrainResult:
     """The classic loop in one process: act, write the step into the store, train every
     ``train_freq`` env steps. Reproducible with a seed."""
@@ -223,7 +230,7 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     # next-step autoreset lanes, so updates per env step do not depend on how often episodes end
     every = max(cfg.train_freq, cfg.num_envs)
     total_updates = max(1, (cfg.steps - cfg.learning_starts) // every * cfg.gradient_steps)
-    sampler = run.make_sampler(store, total_updates)
+    sampler = run.make_sampler(store, total_updates, refresh_interval_s=None)  # refreshed below, not by the clock
     rng = np.random.default_rng(cfg.seed)
     if run.payload:
         learner.load(run.payload)
@@ -245,12 +252,16 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     decay = cfg.exploration_fraction * cfg.steps
     epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
     stopped = False
+    refreshed = -REFRESH_ROWS  # env steps at the last refresh
     run.start_clock()
     try:
         while run.env_steps < cfg.steps and not stopped:
-            # ACT: epsilon-greedy, one draw per env
+            # ACT: epsilon-greedy, one draw per env (none when every env only resets: the actions are ignored)
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
-            actions = epsilon_greedy(partial(greedy_actions, learner.q, x, run.device), n_actions, epsilon, rng, n)
+            if resets == n:
+                actions = np.zeros(n, np.int64)
+            else:
+                actions = epsilon_greedy(partial(greedy_actions, learner.q, x, run.device), n_actions, epsilon, rng, n)
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             if run.env_steps + n - resets >= cfg.steps:  # the run ends here: running
                 truncated = truncated | ~(terminated | autoreset)      # episodes are cut (truncated)
@@ -274,9 +285,12 @@ def train_online(cfg: TrainConfig) -> TrainResult:
             # TRAIN: every train_freq env steps, gradient_steps updates on batches from the store
             if run.env_steps >= next_train:
                 next_train = next_multiple(run.env_steps, every)
-                # every row written so far can be drawn: the run is reproducible (no directory listing:
-                # the writer's new segments are scanned for, and the sampler rescans every second)
-                store.refresh(scan=False)
+                # the rows written up to the last refresh can be drawn; a refresh every REFRESH_ROWS env steps
+                # or more (one per round at train_freq >= REFRESH_ROWS), at fixed steps: the run is
+                # reproducible (no directory listing: the writer's new segments are scanned for)
+                if run.env_steps - refreshed >= REFRESH_ROWS:
+                    store.refresh(scan=False)
+                    refreshed = run.env_steps
                 for _ in range(cfg.gradient_steps):
                     t0 = time.perf_counter()
                     b = sampler.sample(cfg.batch_size)
