@@ -27,6 +27,7 @@ def open_or_create(
     capacity: int = 1_000_000,
     *,
     segment_records: int | None = None,
+    new_segment_records: int | None = None,
     on_full: OnFull = "evict",
     metadata: dict[str, Any] | None = None,
     what: str = "this run",
@@ -36,7 +37,9 @@ def open_or_create(
 
     The one compatibility rule: an existing store is used only if its schema is ``schema``
     (the same fields, in order, with the same dtypes and shapes: the schema hash) and, when
-    ``segment_records`` is given, it has that many rows per segment. ``capacity``, ``on_full``,
+    ``segment_records`` is given, it has that many rows per segment (``new_segment_records``: rows
+    per segment of a store created here when ``segment_records`` is not given, checked against
+    nothing). ``capacity``, ``on_full``,
     ``metadata`` and ``writers`` (sizes the default segments, see ``create_store``) only apply
     to a store created here. Otherwise ``SchemaError`` names the
     first field (or setting) that differs, with what the store has and what ``what`` gives.
@@ -51,7 +54,8 @@ def open_or_create(
         shutil.rmtree(p, ignore_errors=True)
     if not p.exists():
         try:
-            return create_store(p, schema, capacity, segment_records=segment_records, on_full=on_full,
+            return create_store(p, schema, capacity, segment_records=segment_records or new_segment_records,
+                                on_full=on_full,
                                 metadata=metadata, writers=writers)
         except StoreExistsError:
             pass

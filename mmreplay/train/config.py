@@ -61,7 +61,8 @@ class TrainConfig:
     capacity: int = 1_000_000
     """Rows the store keeps (oldest segments evicted beyond it) when the run creates it."""
     segment_records: int | None = None
-    """Rows per segment file when the run creates the store (``None``: about 32 MiB)."""
+    """Rows per segment file when the run creates the store (``None``: about 32 MiB, at most
+    ``capacity / 64`` rows, so a full store stays within ~3% of ``capacity``)."""
     learning_rate: float = 2.3e-3
     """The optimizer's learning rate."""
     optimizer: Literal["adam", "rmsprop"] = "adam"

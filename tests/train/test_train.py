@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -378,6 +379,25 @@ def test_training_rounds_follow_env_steps_not_vector_steps(tmp_path):
     with mmreplay.open_store(cfg.store) as s:  # random CartPole episodes: many autoreset steps in the run
         assert s.rows("terminated", s.transition_ids()).sum() > 20
     assert res.updates == res.env_steps // 4 - 200 // 4
+
+
+def test_a_runs_store_keeps_its_replay_memory_within_a_few_percent_of_capacity(tmp_path):
+    """A store the run creates has segments of at most capacity / 64 rows (1,024 at least), so a
+    full one holds from ``capacity`` to ``capacity`` + 2 segments of rows (the store default,
+    capacity / 8 + 1,024 here, let it reach 1.75x)."""
+    from mmreplay.train._run import replay_segment_records
+
+    schema = mmreplay.Schema.transition(obs_shape=(10, 10, 4), obs_dtype=np.bool_)
+    assert replay_segment_records(schema, 100_000, 1) == 1562
+    cfg = _cartpole_cfg(tmp_path, "cap", capacity=4096, segment_records=None, steps=9000, learning_starts=9000,
+                        eval_every=0, eval_episodes=1, checkpoint_every=0, threads=1)
+    train(cfg)
+    with mmreplay.open_store(cfg.store) as s:
+        assert s.segment_records == 1024
+        assert 4096 <= s.num_rows <= 4096 + 2 * 1024
+    train(replace(cfg, run_dir=str(tmp_path / "cap-run2"), steps=500, learning_starts=500))  # the store reopened as is
+    with mmreplay.open_store(cfg.store) as s:
+        assert s.segment_records == 1024 and 4096 <= s.num_rows <= 4096 + 2 * 1024
 
 
 def test_atari_path_end_to_end(tmp_path):
