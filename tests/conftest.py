@@ -6,6 +6,15 @@ import pytest
 import mmreplay
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_log_dir(tmp_path_factory):
+    """stable-baselines3's ``learn`` makes a log folder in the system temp dir (``SB3-<time>``) unless
+    ``SB3_LOGDIR`` names one: keep those in pytest's temp dir (child processes inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
+        yield
+
+
 @pytest.fixture
 def schema() -> mmreplay.Schema:
     return mmreplay.Schema.transition(obs_shape=(3,), obs_dtype=np.float32)
