@@ -27,11 +27,12 @@ from .config import (
 
 _LAZY = {"Learner": "loops", "train": "loops", "train_online": "loops", "train_actors": "loops",
          "train_offline": "loops", "TrainResult": "_run", "to_tensors": "_run", "pick_device": "_run",
+         "replay_segment_records": "_run",
          "read_metrics": "runlog", "plot_run": "runlog", "save_checkpoint": "checkpoint",
          "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
     "Learner", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "minatar_config", "linear_schedule", "load_checkpoint",
-    "pick_device", "plot_run", "read_metrics", "resume_config", "save_checkpoint", "target_update_interval_of",
+    "pick_device", "plot_run", "read_metrics", "replay_segment_records", "resume_config", "save_checkpoint", "target_update_interval_of",
     "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config",
 ]
 

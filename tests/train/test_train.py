@@ -385,7 +385,7 @@ def test_a_runs_store_keeps_its_replay_memory_within_a_few_percent_of_capacity(t
     """A store the run creates has segments of at most capacity / 64 rows (1,024 at least), so a
     full one holds from ``capacity`` to ``capacity`` + 2 segments of rows (the store default,
     capacity / 8 + 1,024 here, let it reach 1.75x)."""
-    from mmreplay.train._run import replay_segment_records
+    from mmreplay.train import replay_segment_records
 
     schema = mmreplay.Schema.transition(obs_shape=(10, 10, 4), obs_dtype=np.bool_)
     assert replay_segment_records(schema, 100_000, 1) == 1562
