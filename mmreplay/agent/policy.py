@@ -136,6 +136,8 @@ class QNetwork(nn.Module):
         # the acting chain (``greedy``): an MLP's linear layers, in order (the same modules, not copies)
         self._chain = (*(m for m in self.encoder if isinstance(m, nn.Linear)), self.head) \
             if spec["kind"] == "mlp" and not spec["dueling"] else None
+        # forward of the MinAtar encoder: its convolution and linear layer, called as functions (the same modules)
+        self._minatar = (self.encoder[0], self.encoder[3]) if spec["kind"] == "minatar" else None
         # greedy_numpy: the chain's parameters, their addresses when viewed, and the numpy views (weight.T, bias)
         self._np_params: list[torch.Tensor] = []
         self._np_key: list[int] = []
@@ -162,8 +164,8 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: Any) -> torch.Tensor:
         x = self.encode_input(obs)
-        if self.spec["kind"] == "minatar":  # the encoder's layers as functional calls (the same parameters): a
-            conv, lin = self.encoder[0], self.encoder[3]  # module call costs ~3 us, a quarter of a one-row forward
+        if self._minatar is not None:  # a module call costs ~3 us: 10-20 us of a 45-65 us one-row forward
+            conv, lin = self._minatar
             z = F.relu(F.linear(F.relu(F.conv2d(x, conv.weight, conv.bias)).flatten(1), lin.weight, lin.bias))
         else:
             z = self.encoder(x)

@@ -403,8 +403,8 @@ def replay_segment_records(schema: Any, capacity: int, writers: int) -> int:
     """Rows per segment of a store a training run creates (no ``segment_records`` given): the store
     default, but at most ``capacity // 64`` (at least 1,024). A full store keeps from ``capacity``
     to ``capacity`` + (writers + 1) segments of rows, so the replay memory stays within ~3% of the
-    ``capacity`` the run names (the store default, a quarter of ``capacity / (writers + 1)``, let
-    it reach 1.25x: the MinAtar runs of ``benchmarks/minatar_dqn.py`` replayed up to 119,636 rows
+    ``capacity`` the run names (the store default, ``capacity / (4 * (writers + 1)) + 1,024`` rows,
+    let it reach 1.27x at 100,000 and one writer: the MinAtar runs of ``benchmarks/minatar_dqn.py`` replayed up to 119,636 rows
     of a 100,000 capacity, against the reference's 100,000). A segment made and evicted costs ~2 ms."""
     from ..storage.manifest import default_segment_records
 
