@@ -87,11 +87,10 @@ def test_close_stops_the_worker_and_leaks_no_thread(store):
 
 
 def test_synchronous_training_batches_keep_extra_fields(tmp_path):
-    """The batches of the synchronous training loop (``Batches`` without a loader thread) and of
-    a ``BatchLoader`` come from one builder and carry every ``extra`` field."""
+    """The batches of the synchronous training loop (``to_tensors`` of a sample, drawn in the
+    learner's thread) and of a ``BatchLoader`` come from one builder and carry every ``extra`` field."""
     from mmreplay.core.schema import Field
-    from mmreplay.train import TrainConfig
-    from mmreplay.train._run import Batches
+    from mmreplay.train import to_tensors
 
     schema = mmreplay.Schema.transition((3,), np.float32, extra=[Field("logp", np.float32),
                                                                   Field("info/hidden", np.int16, (2,))])
@@ -100,10 +99,7 @@ def test_synchronous_training_batches_keep_extra_fields(tmp_path):
         for t in range(40):
             w.add(**step(2, t), logp=np.full(2, -t, np.float32), **{"info/hidden": np.full((2, 2), t, np.int16)})
     expect = mmreplay.UniformSampler(s, seed=7).sample(16)
-    cfg = TrainConfig(env_id="x", store="x", batch_size=16, loader=False)
-    sync = Batches(mmreplay.UniformSampler(s, seed=7), cfg, torch.device("cpu"))
-    assert sync.loader is None
-    b = sync.next()
+    b = to_tensors(mmreplay.UniformSampler(s, seed=7).sample(16), torch.device("cpu"))
     assert set(b.extra) == {"logp", "info/hidden"}
     for name, arr in expect.extra.items():
         assert isinstance(b.extra[name], torch.Tensor)
