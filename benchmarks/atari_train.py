@@ -114,6 +114,7 @@ def sb3_child(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
     from stable_baselines3 import DQN
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
 
     from mmreplay.agent.envs import make_env
@@ -130,6 +131,7 @@ def sb3_child(args: argparse.Namespace) -> None:
                 exploration_fraction=0.1, exploration_final_eps=0.01, max_grad_norm=10,
                 optimize_memory_usage=True, replay_buffer_kwargs=dict(handle_timeout_termination=False),
                 seed=args.seed, device="cpu", verbose=0)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger leaves a /tmp/SB3-<time> folder
     rb = model.replay_buffer
     spent = [0.0]
     sample = rb.sample

@@ -46,6 +46,7 @@ def _learn(algo: str, env_id: str, steps: int, seed: int, ours: str | None, root
            zoo: dict[str, Any]) -> dict[str, Any]:
     import stable_baselines3 as sb3
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
 
     from mmreplay.integrations.sb3 import MMReplayBuffer
 
@@ -53,6 +54,7 @@ def _learn(algo: str, env_id: str, steps: int, seed: int, ours: str | None, root
     shutil.rmtree(path, ignore_errors=True)
     kw = dict(replay_buffer_class=MMReplayBuffer, replay_buffer_kwargs=dict(path=path, sampling=ours)) if ours else {}
     model = getattr(sb3, algo)("MlpPolicy", env_id, seed=seed, verbose=0, **zoo, **kw)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger leaves a /tmp/SB3-<time> folder
     spent = {"add": 0.0, "sample": 0.0}
     buf = model.replay_buffer
     for name in spent:  # the buffer's own work: the same wrapper around either buffer's methods
