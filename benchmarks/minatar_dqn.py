@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import subprocess
 import sys
@@ -58,6 +59,27 @@ def random_return(env_id: str, episodes: int, seed: int) -> float:
             total += float(r)
             done = term or trunc
     return total / episodes
+
+
+def curve_test(mm: np.ndarray, ref: np.ndarray, draws: int = 200_000) -> dict:
+    """How far mmreplay's curve is from the reference's, and how often chance alone misses the target.
+
+    ``mm`` and ``ref``: greedy returns, one row per seed, one column per evaluation. Returns
+    ``gap``, mmreplay's mean minus the reference's averaged over the evaluations; ``p``, the
+    exact one-sided permutation p-value of that gap (the share of the splits of the pooled seeds
+    into two groups of these sizes whose gap is as low or lower: small means mmreplay is worse
+    beyond what the seed-to-seed spread explains; with 3 seeds a side 1/20 is the least there
+    is); and ``null_below``, the chance that a trainer *identical* to the reference has its mean
+    below the reference's seed range at one evaluation (Monte Carlo, returns of every seed drawn
+    from one normal distribution; it does not depend on that distribution's mean or spread)."""
+    pooled, k = np.concatenate([mm, ref]), len(mm)
+    gaps = np.array([pooled[list(c)].mean() - np.delete(pooled, list(c), axis=0).mean()
+                     for c in itertools.combinations(range(len(pooled)), k)])
+    gap = float(mm.mean() - ref.mean())
+    rng = np.random.default_rng(0)
+    below = rng.standard_normal((draws, k)).mean(1) < rng.standard_normal((draws, len(ref))).min(1)
+    return {"gap": gap, "p": float(np.mean(gaps <= gap + 1e-9)), "splits": len(gaps),
+            "null_below": float(below.mean())}
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -117,6 +139,12 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
           f"({final['mmreplay'] / max(final['reference'], 1e-9):.2f}x; target >= 0.9x)")
     print(f"mmreplay's mean curve inside the reference's seed range at every evaluation: {inside} "
           f"(below it at {sum(p == 'below' for p in places.values())} of {len(places)} evaluations)")
+    n_evals = min(len(curves["mmreplay"]), len(ref))
+    test = curve_test(*(np.array([curves[n][i] for i in range(n_evals)]).T for n in ("mmreplay", "reference")))
+    print(f"  an identical trainer's mean is below the reference's range at one evaluation with probability "
+          f"{test['null_below']:.0%} ({len(args.seeds)} seeds a side); mean gap over the evaluations "
+          f"{test['gap']:+.2f}, permutation p = {test['p']:.2f} (one-sided, exact over {test['splits']} splits "
+          "of the seeds: small = mmreplay worse beyond the seed spread)")
     print(f"training wall (mean of seeds): {wall['mmreplay'] / wall['reference']:.2f}x the reference's (target <= 1.1x)")
     for i in sorted(curves["mmreplay"]):
         r = ref.get(i, [np.nan])
@@ -138,7 +166,7 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
         print(f"plot: {png} (= mmreplay plot {' '.join(map(str, runs))} --out ...)")
     except ImportError as exc:
         print(f"no plot: {exc}")
-    return {"final": final, "wall": wall, "inside": inside, "places": places, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
+    return {"final": final, "wall": wall, "inside": inside, "places": places, "curve_test": test, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
 
 
 def main() -> None:
