@@ -6,6 +6,8 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= /tmp/mmreplay-demo
+# the suite on 2 worker processes, each test file on one of them (`make test PYTEST_ARGS=` runs it in one)
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: venv test demo bench clean
 
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	rm -rf $(DEMO) $(DEMO)-cp $(DEMO)-run
