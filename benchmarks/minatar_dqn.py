@@ -19,7 +19,9 @@ excluded (both report it so). A uniformly random policy's return is measured for
 (Named ``minatar_dqn.py``, not ``minatar.py``: a script run from this folder would import such a
 file in place of the ``minatar`` package.) Runs go ``--jobs`` at a time, in the order mmreplay s1,
 reference s1, mmreplay s2, ... (one torch thread each). Results per configuration: a table per seed, the curves (mean over seeds of mmreplay
-against the reference's seed range at each evaluation), ``OUT/minatar-<config>.png``
+against the reference's seed range at each evaluation; :func:`curve_test`: the permutation p of
+the gap between the curves, and how often a trainer identical to the reference would meet the
+targets with as many seeds), ``OUT/minatar-<config>.png``
 (``mmreplay plot`` of every run, the reference's evaluations written as run directories), and
 ``OUT/minatar.json``.
 """
