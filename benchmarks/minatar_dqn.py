@@ -78,7 +78,7 @@ def curve_test(mm: np.ndarray, ref: np.ndarray, draws: int = 20_000) -> dict:
     other's seed range; ``both``)."""
     pooled, k = np.concatenate([mm, ref]), len(mm)
     splits = [list(c) for c in itertools.combinations(range(len(pooled)), k)]
-    gaps = np.array([[pooled[c].mean(0) - np.delete(pooled, c, axis=0).mean(0)] for c in splits])[:, 0]
+    gaps = np.array([pooled[c].mean(0) - np.delete(pooled, c, axis=0).mean(0) for c in splits])  # (splits, evals)
     gap = mm.mean(0) - ref.mean(0)  # per evaluation
     rng = np.random.default_rng(0)
     a, b = (pooled[rng.integers(0, len(pooled), (draws, n))] for n in (k, len(ref)))  # (draws, seeds, evals)
