@@ -97,6 +97,10 @@ class Args:
     eval_every: int = 10_000
     """env steps between evaluations, 0: at the end only"""
     eval_episodes: int = 20
+    log_every: int = 10_000
+    """env steps between rows of ``train_returns`` in the ``--out`` JSON (the mean return of the
+    training episodes that ended since the last row, as ``return_mean`` of ``mmreplay train``'s
+    ``metrics.csv``)"""
     threads: int = 1
     flush_denormal: bool = True
     """flush denormal floats to zero (torch.set_flush_denormal), as ``mmreplay train`` does by default"""
@@ -335,6 +339,8 @@ def main() -> None:
     x = np.repeat(obs[:, None], k, axis=1) if k > 1 else obs  # the network's input
     windows: list[list[tuple[np.ndarray, int, float]]] = [[] for _ in range(E)]  # n-step: (x, action, reward)
     global_step = 0  # env steps
+    ep_return, ended_returns = np.zeros(E), []  # training episodes: the running return per env, those ended
+    train_returns: list[tuple[int, float, int]] = []  # (step, mean return, episodes) every log_every steps
     while global_step < args.total_timesteps:
         # ALGO LOGIC: put action logic here
         epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
@@ -381,6 +387,13 @@ def main() -> None:
                         break
         x = next_x
         global_step += E
+        ep_return += rewards
+        if ended.any():
+            ended_returns.extend(ep_return[ended].tolist())
+            ep_return[ended] = 0.0
+        if global_step // args.log_every > (global_step - E) // args.log_every and ended_returns:
+            train_returns.append((global_step, float(np.mean(ended_returns)), len(ended_returns)))
+            ended_returns = []
 
         # ALGO LOGIC: training (one round when the env steps pass a multiple of train_frequency).
         if global_step > args.learning_starts and global_step // args.train_frequency > (global_step - E) // args.train_frequency:
@@ -422,7 +435,7 @@ def main() -> None:
     result = {"preset": args.preset, "buffer": args.buffer, "seed": args.seed, "env_steps": args.total_timesteps,
               "updates": updates, "wall_s": wall, "cpu_s": cpu, "steps_per_s": args.total_timesteps / wall,
               "total_wall_s": total_wall, "eval_s": eval_time,
-              "final_return": evals[-1][1] if evals else None, "evals": evals, "args": dataclasses.asdict(args)}
+              "final_return": evals[-1][1] if evals else None, "evals": evals, "train_returns": train_returns, "args": dataclasses.asdict(args)}
     final = f"{result['final_return']:.1f}" if evals else "-"
     print(f"env steps/s {result['steps_per_s']:,.0f}; training wall {wall:.1f} s (evaluation excluded), "
           f"total wall {total_wall:.1f} s (with {eval_time:.1f} s of evaluation); final greedy return {final}",
