@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmreplay.train.runlog import COLUMNS, plot_run
+from mmreplay.train.runlog import COLUMNS, plot_run, read_metrics
 
 HERE = Path(__file__).resolve().parent
 
@@ -87,6 +87,23 @@ def curve_test(mm: np.ndarray, ref: np.ndarray, draws: int = 20_000) -> dict:
     return {"gap": float(gap.mean()), "p": float(np.mean(gaps.mean(1) <= gap.mean() + 1e-9)),
             "p_final": float(np.mean(gaps[:, -1] <= gap[-1] + 1e-9)), "splits": len(splits),
             "null": {"final": float(final.mean()), "curve": float(curve.mean()), "both": float((final & curve).mean())}}
+
+
+def training_returns(out: Path, config: str, seeds: list[int], res: dict) -> tuple[list[int], dict] | None:
+    """The mean return of the training episodes (epsilon-greedy, every episode that ended in each
+    log interval) at the steps every run logged it: ``return_mean`` of ``mmreplay train``'s
+    ``metrics.csv``, ``train_returns`` of the reference's JSON. ``(steps, {trainer: (seeds, steps)
+    array})``, or None when a reference run predates ``train_returns``."""
+    if any("train_returns" not in res["reference"][s] for s in seeds):
+        return None
+    rows = {"reference": [{int(t): m for t, m, _ in res["reference"][s]["train_returns"]} for s in seeds],
+            "mmreplay": []}
+    for s in seeds:
+        m = read_metrics(out / f"{config}-mmreplay-s{s}" / "run")
+        ok = ~np.isnan(m["return_mean"])
+        rows["mmreplay"].append(dict(zip(m["step"][ok].astype(int).tolist(), m["return_mean"][ok].tolist())))
+    steps = sorted(set.intersection(*(set(r) for runs in rows.values() for r in runs)))
+    return steps, {n: np.array([[r[t] for t in steps] for r in runs]) for n, runs in rows.items()}
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -154,6 +171,16 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
           f"worse beyond the seed spread). A trainer identical to the reference (both sides drawn from the pooled "
           f"seeds) meets the final-return target in {test['null']['final']:.0%}, the curve-not-below target in "
           f"{test['null']['curve']:.0%}, both in {test['null']['both']:.0%} of draws at {len(args.seeds)} seeds a side")
+    train = training_returns(out, config, args.seeds, res)
+    if train is not None and train[0]:  # far less noisy than 10 greedy episodes: every training episode counts
+        t_steps, t = train
+        tt = curve_test(t["mmreplay"], t["reference"])
+        print(f"training episodes' mean return (epsilon-greedy), {len(t_steps)} log rows from {t_steps[0]:,} to "
+              f"{t_steps[-1]:,} steps: mean gap {tt['gap']:+.2f}, permutation p = {tt['p']:.2f}, last row "
+              f"p = {tt['p_final']:.2f}; " + ", ".join(
+                  f"{st // 1000}k: {t['mmreplay'][:, j].mean():.2f} vs {t['reference'][:, j].mean():.2f} "
+                  f"({t['reference'][:, j].min():.2f}..{t['reference'][:, j].max():.2f})"
+                  for j, st in enumerate(t_steps) if st % args.eval_every == 0))
     print(f"training wall (mean of seeds): {wall['mmreplay'] / wall['reference']:.2f}x the reference's (target <= 1.1x)")
     for i in sorted(curves["mmreplay"]):
         r = ref.get(i, [np.nan])
@@ -175,7 +202,9 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
         print(f"plot: {png} (= mmreplay plot {' '.join(map(str, runs))} --out ...)")
     except ImportError as exc:
         print(f"no plot: {exc}")
-    return {"final": final, "wall": wall, "inside": inside, "places": places, "curve_test": test, "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
+    return {"final": final, "wall": wall, "inside": inside, "places": places, "curve_test": test,
+            "training_returns": None if train is None else {"steps": train[0], **{n: a.tolist() for n, a in train[1].items()}},
+            "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}
 
 
 def main() -> None:
