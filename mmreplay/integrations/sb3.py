@@ -53,6 +53,7 @@ What it keeps:
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -103,7 +104,27 @@ class MMReplayBuffer(ReplayBuffer):
     sampler_kwargs
         More ``mmreplay.UniformSampler`` options (``mode="windowed"``, ``cache_bytes``,
         ``prefetch_batches``) for stores larger than RAM, with ``sampling="store"``.
+    max_assemble_bytes
+        The largest SB3 array (``observations``, ``next_observations``, ``actions``, ``rewards``,
+        ``dones``, ``timeouts``) an attribute access assembles; a larger one raises ``MemoryError``
+        (default 1 GiB; also settable on the buffer).
+
+    Attributes
+    ----------
+    observations, next_observations, actions, rewards, dones, timeouts
+        SB3's arrays, in SB3's shapes ``(buffer_size, n_envs, ...)``, dtypes and ring order (``[pos,
+        env]`` is the slot SB3 would fill there), ``sampling="sb3"`` only. Each access assembles a
+        new array from the store: ``buffer_size * n_envs`` row reads and as many bytes as SB3's own
+        array, so read it once (``obs = buffer.observations``), not in a loop. Read-only except
+        ``dones``, whose writes change nothing stored (SB3's ``learn`` with
+        ``optimize_memory_usage`` marks the last step done there to cut an episode, which this buffer
+        does by itself). Empty slots hold zeros, as in SB3's arrays.
+    pos, full
+        SB3's next slot and whether the slot table wrapped (``sampling="sb3"``; settable, as SB3's).
     """
+
+    #: default of ``max_assemble_bytes``: the largest array an attribute such as ``observations`` assembles
+    MAX_ASSEMBLE_BYTES = 1 << 30
 
     def __init__(
         self,
@@ -122,6 +143,7 @@ class MMReplayBuffer(ReplayBuffer):
         seed: int | None = None,
         refresh_interval_s: float = 1.0,
         sampler_kwargs: dict[str, Any] | None = None,
+        max_assemble_bytes: int = MAX_ASSEMBLE_BYTES,
     ) -> None:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)  # as SB3: steps of the vector env
@@ -131,6 +153,7 @@ class MMReplayBuffer(ReplayBuffer):
         if sampling not in ("sb3", "store"):
             raise ValueError(f"sampling must be 'sb3' or 'store', got {sampling!r}")
         self.sampling = sampling
+        self.max_assemble_bytes = int(max_assemble_bytes)
         self._options = dict(segment_records=segment_records, durability=durability, seed=seed,
                              refresh_interval_s=refresh_interval_s, sampler_kwargs=sampler_kwargs)
         # sb3 sampling: the store row id of each (pos, env) slot, -1 while empty (SB3's pos and full)
@@ -146,8 +169,12 @@ class MMReplayBuffer(ReplayBuffer):
             capacity += capacity // 4
         # default segments follow the capacity and the writers (one per env): the store's own rule
         self.store = open_or_create(self.path, schema, capacity, segment_records=o["segment_records"],
-                                    metadata={"writer": "stable-baselines3"}, what="this SB3 model's spaces",
+                                    metadata=self._new_store_metadata(), what="this SB3 model's spaces",
                                     writers=self.n_envs)
+        if isinstance(self.action_space, spaces.Box) and self.store.metadata.get("action_scale") == "env":
+            warnings.warn(f"{self.path}: the store's actions are in the env's bounds (metadata action_scale='env'); "
+                          "SB3's SAC/TD3/DDPG add actions scaled to [-1, 1], so its rows will mix both scales",
+                          stacklevel=3)
         try:
             self.lanes = LaneWriters(self.store, self.n_envs, durability=o["durability"])
             self.sampler = UniformSampler(self.store, seed=seed, refresh_interval_s=o["refresh_interval_s"],
@@ -157,13 +184,30 @@ class MMReplayBuffer(ReplayBuffer):
             raise
         self._obs_names = schema.obs_names
         self._dict_obs = isinstance(self.observation_space, spaces.Dict)
-        self._act_dtype = self._maybe_cast_dtype(self.action_space.dtype)
+        self._act_dtype = np.dtype(self._maybe_cast_dtype(self.action_space.dtype))
         self._seed = seed
         n, fields = self.n_envs, self.store.schema
         self._shapes = {f.name: (n, *f.shape) for f in fields.fields}  # what add() hands to the lanes
+        self._dtypes = {f.name: f.dtype for f in fields.fields}
         self._reward_dtype = fields["reward"].dtype
         if self.sampling == "sb3":
             self._fill_slots()
+
+    def _new_store_metadata(self) -> dict[str, Any]:
+        """The metadata of a store this buffer creates: the writer and, for a Box action space, the
+        actions' scale. SB3's off-policy algorithms add Box actions squashed to [-1, 1]
+        (``policy.scale_action``): ``action_scale`` is ``"unit"`` and ``action_space`` holds the env's
+        bounds (``low``, ``high``: flat lists of floats in C order) to map them back. A Box with an
+        infinite bound (which SB3's algorithms refuse) gets neither key."""
+        meta: dict[str, Any] = {"writer": "stable-baselines3"}
+        a = self.action_space
+        if isinstance(a, spaces.Box):
+            low = np.asarray(a.low, np.float64).reshape(-1)
+            high = np.asarray(a.high, np.float64).reshape(-1)
+            if np.isfinite(low).all() and np.isfinite(high).all():
+                meta["action_scale"] = "unit"
+                meta["action_space"] = {"low": low.tolist(), "high": high.tolist()}
+        return meta
 
     def _fill_slots(self) -> None:
         """Lay the store's newest transitions into the slot table, oldest first (a reopened buffer)."""
@@ -177,25 +221,38 @@ class MMReplayBuffer(ReplayBuffer):
     # -- SB3's buffer API -----------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
             infos: list[dict[str, Any]]) -> None:
-        """Append one step of the ``n_envs`` envs (what SB3's ``_store_transition`` passes)."""
+        """Append one step of the ``n_envs`` envs (what SB3's ``_store_transition`` passes).
+
+        Takes what SB3's ``ReplayBuffer.add`` takes: ``action`` reshaped to the ``n_envs`` actions (any
+        shape of that size, e.g. an unbatched ``(10, 7)`` action of one env); observations, ``reward``
+        and ``done`` as SB3 assigns them into its arrays (``(n_envs, *shape)``, ``(n_envs, 1)`` for
+        Discrete values, or broadcast to it; values cast to the space's dtype); ``infos`` one dict per
+        env, whose ``"TimeLimit.truncated"`` marks a done as a truncation (with
+        ``handle_timeout_termination=False`` SB3 reads no ``infos``: then any other ``infos`` counts
+        every done as a termination). Non-finite floats are refused (``InvalidValueError``).
+        ``SchemaError`` names the field and the expected shape otherwise.
+        """
         n = self.n_envs
-        if len(infos) != n:
-            raise SchemaError(f"`infos` has {len(infos)} entries, expected one per env (n_envs={n})")
+        try:
+            given = len(infos)
+        except TypeError:
+            given = -1
+        if given != n:
+            if self.handle_timeout_termination:
+                raise SchemaError(f"`infos` has {given if given >= 0 else 'no'} entries, expected one dict per env "
+                                  f"(n_envs={n})")
+            infos = _NO_INFOS * n
         if n == 1 and type(done) is np.ndarray and done.shape == (1,) and done.dtype == np.bool_:
             # one env, as DummyVecEnv hands it over: the flags from two Python bools (no array ops)
             terminated, truncated = _FLAGS[bool(done[0]), bool(infos[0].get("TimeLimit.truncated", False))]
         else:
             timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos], np.bool_)
-            done = _as(np.asarray(done), (n,), "done")
-            if done.dtype != np.bool_:
-                done = done.astype(np.bool_)
+            done = _as(np.asarray(done), (n,), _BOOL, "done")
             terminated, truncated = done & ~timeout, done & timeout
         fields = self._fields_of(obs, "obs")
         nxt = self._fields_of(next_obs, "next_obs")
-        action = _as(np.asarray(action), self._shapes["action"], "action")
-        reward = _as(np.asarray(reward), (n,), "reward")
-        if reward.dtype != self._reward_dtype:
-            reward = reward.astype(self._reward_dtype)
+        action = _as(np.asarray(action), self._shapes["action"], self._dtypes["action"], "action", reshape=True)
+        reward = _as(np.asarray(reward), (n,), self._reward_dtype, "reward")
         self.lanes.step(fields, action, reward, terminated, truncated, nxt)
         if self.sampling == "sb3":
             self._slots[self.pos] = self.lanes.step_ids
@@ -219,18 +276,24 @@ class MMReplayBuffer(ReplayBuffer):
         return self.samples_of(self.slot_transitions(np.asarray(batch_inds), envs), env)
 
     def slot_transitions(self, pos: np.ndarray, envs: np.ndarray) -> TransitionBatch:
-        """The transitions in SB3 slots ``(pos, envs)`` (``sampling="sb3"``), as an mmreplay batch."""
+        """The transitions in SB3 slots ``(pos, envs)`` (``sampling="sb3"``), as an mmreplay batch.
+
+        A slot never filled (``full`` set by hand, or after ``reset()``) gives a transition of zeros,
+        as SB3's zero-filled arrays do; a slot whose row is no longer stored, a uniform draw over
+        the store (with a warning, once)."""
         store = self.store
         store.sync_local()  # rows this buffer added are visible
         ids = self._slots[pos, envs]
         # an env's newest step: its next_obs is still pending in memory
         newest = pos == (self.pos - 1) % self.buffer_size
         if not newest.any() or not (newest := newest & self.lanes.has_pending[envs]).any():
-            try:  # the usual case: every slot a stored transition, gathered by the sampler's compiled kernel
-                return self.sampler.view(ids)
-            except KeyError:
-                pass
-        ok, k, slot = store.reader.visible(ids)
+            if len(ids) and ids.min() >= 0:
+                try:  # the usual case: every slot a stored transition, gathered by the sampler's compiled kernel
+                    return self.sampler.view(ids)
+                except KeyError:
+                    pass
+        ok, k, slot = store.reader.visible(ids)  # not ok where never filled (-1)
+        empty = ids < 0
         if ok.any():
             whole, nk, ns = locate_transitions(store, k, slot)
         else:
@@ -246,7 +309,10 @@ class MMReplayBuffer(ReplayBuffer):
             nxt = {n.removeprefix("obs/"): v[envs[newest]] for n, v in self.lanes.pending.items()}
             parts.append(_replace(b, next_obs=nxt["obs"] if set(nxt) == {"obs"} else nxt))
             order.append(np.flatnonzero(newest))
-        if (lost := ~(whole | newest)).any():  # rows gone: a uniform draw over the store instead
+        if empty.any():
+            parts.append(self._zeros(int(empty.sum())))
+            order.append(np.flatnonzero(empty))
+        if (lost := ~(whole | newest | empty)).any():  # rows gone: a uniform draw over the store instead
             if not self._warned:
                 self._warned = True
                 warnings.warn(f"{self.path}: some of SB3's slots point to rows no longer stored (evicted or "
@@ -254,6 +320,19 @@ class MMReplayBuffer(ReplayBuffer):
             parts.append(self.sampler.sample(int(lost.sum())))
             order.append(np.flatnonzero(lost))
         return _concat(parts, np.argsort(np.concatenate(order), kind="stable"))
+
+    def _zeros(self, m: int) -> TransitionBatch:
+        """``m`` transitions of zeros in the store's dtypes (never-filled slots, as in SB3's arrays)."""
+        schema = self.store.schema
+
+        def z(name: str) -> np.ndarray:
+            return np.zeros((m, *schema[name].shape), schema[name].dtype)
+
+        def obs() -> Any:
+            return z("obs") if not self._dict_obs else {n.removeprefix("obs/"): z(n) for n in self._obs_names}
+
+        return TransitionBatch(obs=obs(), action=z("action"), reward=z("reward"), next_obs=obs(),
+                               terminated=z("terminated"), truncated=z("truncated"), ids=np.full(m, -1, np.int64))
 
     def samples_of(self, b: TransitionBatch, env: VecNormalize | None = None) -> Any:
         """An mmreplay batch as SB3's ``ReplayBufferSamples`` on this buffer's device."""
@@ -278,8 +357,115 @@ class MMReplayBuffer(ReplayBuffer):
         return min(self.store.num_rows // self.n_envs, self.buffer_size)
 
     def reset(self) -> None:
-        """Not supported: the store keeps its rows (use a new ``path`` for an empty buffer)."""
-        raise NotImplementedError("an mmreplay store keeps its rows; give the buffer a new `path` to start empty")
+        """As SB3's: ``pos = 0``, ``full = False``, and the slot table forgets its steps (``sampling="sb3"``),
+        so ``sample`` draws only steps added after it. The store keeps its rows (other readers, and a
+        buffer opened on it later, still see them). Not supported with ``sampling="store"``, which
+        draws over every row of the store: use a new ``path`` for an empty buffer."""
+        if self.sampling != "sb3":
+            raise NotImplementedError("MMReplayBuffer(sampling='store') draws over every row of its store, which keeps "
+                                      "its rows: give the buffer a new `path` to start empty")
+        self._slots.fill(-1)
+        self.pos, self.full = 0, False
+
+    # -- SB3's arrays, assembled on access ------------------------------------------------------
+    @property
+    def observations(self) -> np.ndarray | dict[str, np.ndarray]:
+        """SB3's ``observations``: ``(buffer_size, n_envs, *obs_shape)`` in the space's dtype (a dict
+        for Dict spaces), assembled from the store on each access (see the class's Attributes)."""
+        return self._assemble("observations")
+
+    @property
+    def next_observations(self) -> np.ndarray | dict[str, np.ndarray]:
+        """SB3's ``next_observations``: each slot's next observation (the final one at an episode
+        end; an env's newest step's from memory), as ``observations``. Present with
+        ``optimize_memory_usage`` too (SB3 keeps none then)."""
+        return self._assemble("next_observations")
+
+    @property
+    def actions(self) -> np.ndarray:
+        """SB3's ``actions``: ``(buffer_size, n_envs, action_dim)``, float64 actions as float32."""
+        return self._assemble("actions")
+
+    @property
+    def rewards(self) -> np.ndarray:
+        """SB3's ``rewards``: ``(buffer_size, n_envs)`` float32."""
+        return self._assemble("rewards")
+
+    @property
+    def dones(self) -> np.ndarray:
+        """SB3's ``dones``: ``(buffer_size, n_envs)`` float32, 1 where the episode ended (terminated
+        or truncated). A writable copy: writing it changes nothing stored."""
+        return self._assemble("dones")
+
+    @property
+    def timeouts(self) -> np.ndarray:
+        """SB3's ``timeouts``: ``(buffer_size, n_envs)`` float32, 1 where a done was a time-limit
+        truncation; zeros with ``handle_timeout_termination=False``, as SB3 keeps them."""
+        return self._assemble("timeouts")
+
+    def _slot_bytes(self, what: str) -> int:
+        schema = self.store.schema
+        if what in ("observations", "next_observations"):
+            return sum(schema[n].row_bytes for n in self._obs_names)
+        if what == "actions":
+            return self.action_dim * self._act_dtype.itemsize
+        return 4
+
+    def _assemble(self, what: str) -> Any:
+        """SB3's array ``what`` over the slot table, read from the store (zeros in empty slots)."""
+        if self.sampling != "sb3":
+            raise AttributeError(f"MMReplayBuffer(sampling='store') has no SB3 slot table, so no `{what}` array: "
+                                 "read buffer.store (e.g. store.transitions(store.transition_ids())) or use "
+                                 "sampling='sb3'")
+        bs, n = self._slots.shape
+        nbytes = bs * n * self._slot_bytes(what)
+        if nbytes > self.max_assemble_bytes:
+            raise MemoryError(f"MMReplayBuffer.{what} would assemble {nbytes:,} bytes ({bs:,} x {n} slots) from "
+                              f"{self.path}, over max_assemble_bytes={self.max_assemble_bytes:,}: sample() batches, "
+                              "read buffer.store, or raise buffer.max_assemble_bytes")
+        store = self.store
+        store.sync_local()
+        ids = self._slots.reshape(-1)
+        ok, k, slot = store.reader.visible(ids)
+        if (lost := int((~ok & (ids >= 0)).sum())):
+            warnings.warn(f"{self.path}: {lost} of SB3's slots point to rows no longer stored (evicted or masked); "
+                          f"`{what}` holds zeros there", stacklevel=3)
+        gather, schema = store.reader.gather, store.schema
+
+        def column(name: str, where: np.ndarray, kk: np.ndarray, ss: np.ndarray) -> np.ndarray:
+            out = np.zeros((bs * n, *schema[name].shape), schema[name].dtype)
+            if len(kk):
+                out[where] = gather(name, kk, ss)
+            return out
+
+        def own(name: str) -> np.ndarray:  # the slot's own row
+            return column(name, ok, k[ok], slot[ok])
+
+        if what == "observations":
+            out = {nm: own(nm) for nm in self._obs_names}
+        elif what == "next_observations":
+            env = np.arange(bs * n) % n
+            newest = ok & (np.arange(bs * n) // n == (self.pos - 1) % bs) & self.lanes.has_pending[env]
+            rest = np.flatnonzero(ok & ~newest)
+            whole, nk, ns = locate_transitions(store, k[rest], slot[rest])
+            rest = rest[whole]
+            out = {}
+            for nm in self._obs_names:
+                out[nm] = column(nm, rest, nk[whole], ns[whole])
+                out[nm][newest] = self.lanes.pending[nm][env[newest]]
+        elif what == "actions":
+            return _frozen(own("action").reshape(bs, n, self.action_dim).astype(self._act_dtype, copy=False))
+        elif what == "rewards":
+            return _frozen(own("reward").reshape(bs, n).astype(np.float32))
+        elif what == "dones":
+            return (own("terminated") | own("truncated")).reshape(bs, n).astype(np.float32)  # writable (see dones)
+        else:  # timeouts
+            flags = own("truncated") if self.handle_timeout_termination else np.zeros(bs * n, np.bool_)
+            return _frozen(flags.reshape(bs, n).astype(np.float32))
+        if not self._dict_obs:
+            return _frozen(out["obs"].reshape(bs, n, *self.obs_shape))
+        return {nm.removeprefix("obs/"): _frozen(v.reshape(bs, n, *self.obs_shape[nm.removeprefix("obs/")]))  # type: ignore[index]
+                for nm, v in out.items()}
 
     # -- mmreplay's extras ----------------------------------------------------------------
     def flush(self) -> None:
@@ -302,6 +488,7 @@ class MMReplayBuffer(ReplayBuffer):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("max_assemble_bytes", self.MAX_ASSEMBLE_BYTES)  # pickled before it existed
         self.__dict__.update(state)
         self._slots = np.full((self.buffer_size if self.sampling == "sb3" else 0, self.n_envs), -1, np.int64)
         self._open(self.buffer_size * self.n_envs, None if self._seed is None else self._seed + 1)
@@ -310,20 +497,26 @@ class MMReplayBuffer(ReplayBuffer):
     def _fields_of(self, obs: Any, what: str) -> dict[str, np.ndarray]:
         """SB3 observations (an array, or a dict for Dict spaces) as the store's obs fields."""
         if not self._dict_obs:
-            return {"obs": _as(np.asarray(obs), self._shapes["obs"], "obs", what)}
+            return {"obs": _as(np.asarray(obs), self._shapes["obs"], self._dtypes["obs"], "obs", what)}
         if not isinstance(obs, dict):
             raise SchemaError(f"`{what}` must be a dict of arrays for a Dict observation space")
         out = {}
         for name in self._obs_names:
             if name[4:] not in obs:
                 raise SchemaError(f"`{what}` lacks key {name[4:]!r}")
-            out[name] = _as(np.asarray(obs[name[4:]]), self._shapes[name], name, f"{what}[{name[4:]!r}]")
+            out[name] = _as(np.asarray(obs[name[4:]]), self._shapes[name], self._dtypes[name], name,
+                            f"{what}[{name[4:]!r}]")
         return out
 
     def _obs_shaped(self, x: Any, B: int) -> Any:
         if isinstance(x, dict):
             return {k: v.reshape(B, *self.obs_shape[k]) for k, v in x.items()}  # type: ignore[index]
         return x.reshape(B, *self.obs_shape)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 def _flag(value: bool) -> np.ndarray:
@@ -337,15 +530,41 @@ _FLAGS = {(done, timeout): (_flag(done and not timeout), _flag(done and timeout)
           for done in (False, True) for timeout in (False, True)}
 
 
-def _as(x: np.ndarray, shape: tuple[int, ...], name: str, what: str = "") -> np.ndarray:
-    """``x`` reshaped to ``shape`` (``(n_envs, *field shape)``; SB3 passes Discrete values as ``(n_envs,)``
-    or ``(n_envs, 1)``), or ``SchemaError`` naming the field."""
-    if x.shape == shape:
-        return x
-    if x.ndim == 0 or x.shape[0] != shape[0] or x.size != int(np.prod(shape)):
-        raise SchemaError(f"field {name!r}{f' (`{what}`)' if what else ''}: expected shape {shape} (n_envs="
-                          f"{shape[0]}), got {x.shape}")
-    return x.reshape(shape)
+_BOOL = np.dtype(np.bool_)
+_NO_INFOS: list[dict[str, Any]] = [{}]
+
+
+def _as(x: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, name: str, what: str = "", *,
+        reshape: bool = False) -> np.ndarray:
+    """``x`` as ``shape`` (``(n_envs, *field shape)``) and ``dtype``, by SB3's rules, or ``SchemaError``
+    naming the field.
+
+    Shapes: ``reshape`` (SB3's rule for actions) takes any ``x`` of that size; otherwise ``x`` is
+    reshaped when it has ``n_envs`` rows of the right size (SB3 passes Discrete values as
+    ``(n_envs,)`` or ``(n_envs, 1)``), else broadcast to ``shape`` as SB3's assignment into its
+    arrays does (one env's unbatched observation, a scalar reward). Dtypes: cast as that assignment
+    casts (numpy's unsafe casting).
+    """
+    if x.shape != shape:
+        size = math.prod(shape)
+        if x.size == size and (reshape or (x.ndim and x.shape[0] == shape[0])):
+            x = x.reshape(shape)
+        else:
+            try:
+                if reshape:
+                    raise ValueError
+                x = np.broadcast_to(x, shape)
+            except ValueError:
+                raise SchemaError(f"field {name!r}{f' (`{what}`)' if what else ''}: expected shape {shape} (n_envs="
+                                  f"{shape[0]}){' or any shape of that size' if reshape else ''}, got {x.shape}"
+                                  ) from None
+    if x.dtype is not dtype and x.dtype != dtype:
+        try:
+            x = x.astype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"field {name!r}{f' (`{what}`)' if what else ''}: expected dtype {dtype}, got {x.dtype} "
+                              f"({exc})") from None
+    return x
 
 
 def _replace(b: TransitionBatch, **changes: Any) -> TransitionBatch:
