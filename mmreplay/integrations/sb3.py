@@ -159,6 +159,7 @@ class MMReplayBuffer(ReplayBuffer):
         # sb3 sampling: the store row id of each (pos, env) slot, -1 while empty (SB3's pos and full)
         self._slots = np.full((self.buffer_size, n_envs) if sampling == "sb3" else (0, n_envs), -1, np.int64)
         self._warned = False
+        self._last = -1  # the slot of the newest step, whose next_obs is pending in the lanes ("sb3")
         # a seed drawn here would shift numpy's global stream that SB3's own buffer leaves alone
         self._open(buffer_size, seed if seed is not None or sampling == "sb3" else np.random.randint(2**63 - 1))
 
@@ -217,6 +218,7 @@ class MMReplayBuffer(ReplayBuffer):
             self._slots[:steps] = ids[len(ids) - steps * self.n_envs :].reshape(steps, self.n_envs)
         self.full = steps == self.buffer_size
         self.pos = 0 if self.full else steps
+        self._last = -1  # no next_obs pending
 
     # -- SB3's buffer API -----------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
@@ -256,6 +258,7 @@ class MMReplayBuffer(ReplayBuffer):
         self.lanes.step(fields, action, reward, terminated, truncated, nxt)
         if self.sampling == "sb3":
             self._slots[self.pos] = self.lanes.step_ids
+            self._last = self.pos  # the slot whose next_obs is pending (the lanes')
             self.pos += 1
             if self.pos == self.buffer_size:
                 self.full, self.pos = True, 0
@@ -278,14 +281,14 @@ class MMReplayBuffer(ReplayBuffer):
     def slot_transitions(self, pos: np.ndarray, envs: np.ndarray) -> TransitionBatch:
         """The transitions in SB3 slots ``(pos, envs)`` (``sampling="sb3"``), as an mmreplay batch.
 
-        A slot never filled (``full`` set by hand, or after ``reset()``) gives a transition of zeros,
+        A slot never filled (``full`` set by hand on a buffer not yet full) gives a transition of zeros,
         as SB3's zero-filled arrays do; a slot whose row is no longer stored, a uniform draw over
         the store (with a warning, once)."""
         store = self.store
         store.sync_local()  # rows this buffer added are visible
         ids = self._slots[pos, envs]
         # an env's newest step: its next_obs is still pending in memory
-        newest = pos == (self.pos - 1) % self.buffer_size
+        newest = pos == self._last
         if not newest.any() or not (newest := newest & self.lanes.has_pending[envs]).any():
             if len(ids) and ids.min() >= 0:
                 try:  # the usual case: every slot a stored transition, gathered by the sampler's compiled kernel
@@ -357,14 +360,14 @@ class MMReplayBuffer(ReplayBuffer):
         return min(self.store.num_rows // self.n_envs, self.buffer_size)
 
     def reset(self) -> None:
-        """As SB3's: ``pos = 0``, ``full = False``, and the slot table forgets its steps (``sampling="sb3"``),
-        so ``sample`` draws only steps added after it. The store keeps its rows (other readers, and a
-        buffer opened on it later, still see them). Not supported with ``sampling="store"``, which
-        draws over every row of the store: use a new ``path`` for an empty buffer."""
+        """As SB3's: ``pos = 0`` and ``full = False`` (``sampling="sb3"``), so ``sample`` draws only the
+        steps added after it, which overwrite the slots one by one (the slots past ``pos`` keep their
+        old steps, as SB3's arrays do). The store keeps every row. Not supported with
+        ``sampling="store"``, which draws over every row of the store: use a new ``path`` for an
+        empty buffer."""
         if self.sampling != "sb3":
             raise NotImplementedError("MMReplayBuffer(sampling='store') draws over every row of its store, which keeps "
                                       "its rows: give the buffer a new `path` to start empty")
-        self._slots.fill(-1)
         self.pos, self.full = 0, False
 
     # -- SB3's arrays, assembled on access ------------------------------------------------------
@@ -445,7 +448,7 @@ class MMReplayBuffer(ReplayBuffer):
             out = {nm: own(nm) for nm in self._obs_names}
         elif what == "next_observations":
             env = np.arange(bs * n) % n
-            newest = ok & (np.arange(bs * n) // n == (self.pos - 1) % bs) & self.lanes.has_pending[env]
+            newest = ok & (np.arange(bs * n) // n == self._last) & self.lanes.has_pending[env]
             rest = np.flatnonzero(ok & ~newest)
             whole, nk, ns = locate_transitions(store, k[rest], slot[rest])
             rest = rest[whole]
