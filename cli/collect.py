@@ -19,7 +19,9 @@ from ._errors import describe, friendly, one_line
 @click.option("--envs-per-worker", type=click.IntRange(min=1), default=1, show_default=True,
               help="Env copies in each worker's vector env (the writer's lanes).")
 @click.option("--policy", default="random", show_default=True,
-              help="random | eps-greedy:CHECKPOINT[:EPS] (a policy file from `mmreplay train`).")
+              help="random | eps-greedy:CHECKPOINT[:EPS] (a policy file from `mmreplay train`) | "
+                   "gaussian:POLICY[:STD] (the actor of a Box-action offline run, Gaussian noise of std STD "
+                   "in [-1, 1] action units; 0: deterministic).")
 @click.option("--seed", type=int, default=None, help="Base seed (default: random; recorded in the store).")
 @click.option("--atari/--no-atari", default=None,
               help="DQN Atari preprocessing, single 84x84 frames (default: on for ALE/ ids).")
@@ -58,6 +60,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
       mmreplay collect CartPole-v1 --store /data/cartpole --steps 50000 --workers 2 --envs-per-worker 8
       mmreplay collect ALE/Pong-v5 --store /data/pong --steps 200000 --workers 2 --envs-per-worker 4
       mmreplay collect CartPole-v1 --store /data/mediocre --steps 50000 --policy eps-greedy:run/policy.pt:0.6
+      mmreplay collect Hopper-v5 --store /data/hopper-more --steps 100000 --policy gaussian:runs/td3bc/policy.pt:0.1
       mmreplay collect CartPole-v1 --store /data/cp --steps 200000 --workers 4 --ray
     """
     from mmreplay.actors import PolicySpec, collect

@@ -40,7 +40,9 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--store",), dict(type=click.Path(file_okay=False), help="Store path: filled online, read offline.")),
     (("--offline/--online",), dict(help="Train from the store only (read-only), no env interaction but evaluation.")),
     (("--archive",), dict(type=str, help="Offline: a zarr archive (path or fsspec URL) instead of --store.")),
-    (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql"]), help="dqn (double DQN); bc, cql offline. [dqn]")),
+    (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql", "td3bc", "iql"]),
+                       help="dqn (double DQN); bc, cql offline (discrete actions); td3bc, iql, bc offline (Box "
+                            "actions, CORL's settings). [dqn]")),
     (("--steps",), dict(type=_INT, help="Env steps online / learner updates offline. [100000]")),
     (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
     (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED; offline: "
@@ -86,6 +88,15 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--per-beta",), dict(type=_FLOAT, help="Importance-weight exponent at the start. [0.4]")),
     (("--per-beta-final",), dict(type=_FLOAT, help="Importance-weight exponent at the end. [1.0]")),
     (("--cql-alpha",), dict(type=_FLOAT, help="Weight of the CQL regulariser. [1.0]")),
+    (("--policy-noise",), dict(type=_FLOAT, help="TD3+BC: target policy smoothing noise (unit actions). [0.2]")),
+    (("--noise-clip",), dict(type=_FLOAT, help="TD3+BC: clip of the smoothing noise. [0.5]")),
+    (("--policy-freq",), dict(type=_INT, help="TD3+BC: critic updates per actor update. [2]")),
+    (("--td3bc-alpha",), dict(type=_FLOAT, help="TD3+BC: weight alpha of Q in the actor loss. [2.5]")),
+    (("--iql-expectile",), dict(type=_FLOAT, help="IQL: expectile of the value regression. [0.7]")),
+    (("--iql-beta",), dict(type=_FLOAT, help="IQL: inverse temperature of the advantage weights. [3.0]")),
+    (("--iql-deterministic/--iql-gaussian",), dict(help="IQL: deterministic or Gaussian actor. [gaussian]")),
+    (("--normalize-obs/--no-normalize-obs",), dict(help="Continuous: normalize observations with the dataset's "
+                                                        "mean and std (mmreplay.field_stats). [yes]")),
     (("--samples-per-insert",), dict(type=_FLOAT, help="Actors: sampled per inserted transition. [batch*gradient_steps/train_freq]")),
     (("--publish-every",), dict(type=_INT, help="Actors: updates between weight publications. [64]")),
     (("--eval-env",), dict(type=str, help="Env id for evaluation. [ENV_ID or the store's env_id]")),
@@ -132,13 +143,17 @@ def option_fields() -> set[str]:
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @friendly
 def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
-    """Train DQN online (the store is the replay memory), or BC / DQN / CQL offline from a store.
+    """Train DQN online (the store is the replay memory), or offline from a store: BC / DQN / CQL for
+    discrete actions, TD3+BC / IQL / BC for Box actions (continuous control).
 
     Metrics go to RUN_DIR/metrics.csv (and TensorBoard), checkpoints to RUN_DIR/checkpoint.pt
     (atomic; --resume continues a killed run with the same store), the final network to
     RUN_DIR/policy.pt. Defaults are the RL-zoo DQN settings for CartPole; --atari switches to
-    Nature-DQN ones, --minatar (on for MinAtar/ ids) to the MinAtar paper's DQN. Bracketed values
-    in the option list are the defaults.
+    Nature-DQN ones, --minatar (on for MinAtar/ ids) to the MinAtar paper's DQN; --algo td3bc, iql
+    (and bc on a Box-action store) to CORL's settings (batch 256, lr 3e-4, tau 0.005, 1M updates,
+    10 episodes every 5000 updates, observations normalized with the dataset's statistics); their
+    actions are mapped between the store's recorded scale and the eval env's bounds. Bracketed
+    values in the option list are the defaults (of DQN unless said).
 
     \b
     Examples:
@@ -147,13 +162,16 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
       mmreplay train CartPole-v1 --store /data/cp --resume --run-dir runs/cp   # after a crash
       mmreplay train --offline --store /data/cp-mediocre --algo cql --eval-env CartPole-v1 --steps 10000
       mmreplay train --offline --archive s3://bucket/cp.zarr --algo bc --eval-env CartPole-v1
+      mmreplay train --offline --store /data/hopper-medium --algo td3bc --eval-env Hopper-v5 --steps 100000
+      mmreplay train --offline --store /data/sac-buffer --algo iql --eval-env Hopper-v5 --resume --run-dir runs/iql
       mmreplay train ALE/Pong-v5 --atari --store /data/pong --n-step 3 --prioritized
       mmreplay train MinAtar/Breakout-v1 --store /data/breakout --steps 500000
       mmreplay plot runs/cp
     """
     from dataclasses import replace
 
-    from mmreplay.train import TrainConfig, atari_config, default_run_dir, minatar_config, resume_config
+    from mmreplay.train import TrainConfig, atari_config, continuous_config, default_run_dir, minatar_config, resume_config
+    from mmreplay.train.config import box_actions
 
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -170,8 +188,13 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
         else:
             if given.get("minatar") is None and str(given.get("env_id", "")).startswith("MinAtar/"):
                 given["minatar"] = True
-            cfg = (atari_config(**given) if given.get("atari") else minatar_config(**given) if given.get("minatar")
-                   else TrainConfig(**given))
+            algo = given.get("algo")
+            if algo in ("td3bc", "iql") or (algo == "bc" and given.get("offline")
+                                            and box_actions(given.get("store"), given.get("archive"))):
+                cfg = continuous_config(**given)  # Box actions: CORL's settings
+            else:
+                cfg = (atari_config(**given) if given.get("atari") else minatar_config(**given)
+                       if given.get("minatar") else TrainConfig(**given))
         from mmreplay.agent.envs import check_env_id
 
         for env in {cfg.env_id, cfg.eval_env} - {None}:

@@ -18,6 +18,8 @@ Invariants:
 * Every published row survives Ctrl-C (workers are told to stop, finish their step and close
   their writers, keeping the final observations) and a crash of any other worker. A worker also
   stops when its parent dies. A crashed worker is reported; the others finish.
+* A store collect creates from a Box action space records ``action_scale: "env"`` and the Box's
+  bounds in its metadata (:func:`action_scale_metadata`).
 * Seeds: env copy ``j`` of worker ``w`` is reset with ``seed + w * E + j`` and the random policy's
   action space with ``seed + w``; the seed, env id, spaces, policy and mmreplay version of every run
   go to a provenance record in the store (:meth:`ReplayStore.provenance`).
@@ -169,6 +171,21 @@ def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_
                  segment_records=segment_records, metadata=metadata, what="this env", writers=writers)
 
 
+def action_scale_metadata(action_space: Any) -> dict[str, Any]:
+    """What a new store records about Box actions (empty for other spaces): ``action_scale`` =
+    ``"env"`` (actions as the env takes them, which is what collect stores) and, when the bounds are
+    finite, ``action_space`` = ``{"low": [...], "high": [...]}`` (floats, flattened). The offline
+    trainer maps the actions to ``[-1, 1]`` with these (``mmreplay.train.continuous``)."""
+    low, high = getattr(action_space, "low", None), getattr(action_space, "high", None)
+    if low is None or high is None or getattr(action_space, "n", None) is not None:
+        return {}
+    low, high = np.asarray(low, np.float64).ravel(), np.asarray(high, np.float64).ravel()
+    out: dict[str, Any] = {"action_scale": "env"}
+    if np.all(np.isfinite(low)) and np.all(np.isfinite(high)):
+        out["action_space"] = {"low": low.tolist(), "high": high.tolist()}
+    return out
+
+
 def collect(
     env: str | Callable[[], Any],
     store: str | os.PathLike[str],
@@ -242,7 +259,8 @@ def collect(
     base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
             "mmreplay_version": __version__, **extra}
     st = open_or_create(store, obs_space, act_space, capacity=capacity, segment_records=segment_records,
-                        metadata={**base, **(metadata or {})}, writers=max(workers, 1))
+                        metadata={**base, **action_scale_metadata(act_space), **(metadata or {})},
+                        writers=max(workers, 1))
     n_workers = max(workers, 1)
     shares = _split(steps, n_workers)
     cfgs = [WorkerConfig(w, env, str(st.path), -(-shares[w] // envs_per_worker) * envs_per_worker, envs_per_worker,

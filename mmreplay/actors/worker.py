@@ -2,7 +2,8 @@
 
 :func:`run_worker` is what every actor runs, in a spawned process (:mod:`mmreplay.actors`), in a
 Ray actor (:mod:`mmreplay.cluster`) or in the calling process. Its policy is random, ε-greedy
-around a policy file (reloaded when the file changes, frame stacks kept per lane) or a callable.
+around a policy file (reloaded when the file changes, frame stacks kept per lane), a continuous
+actor's file with Gaussian noise, or a callable.
 
 Invariants: what the store holds is exactly what the env emitted, in each gymnasium autoreset
 mode (see :mod:`mmreplay.actors`), except that the last step of an episode the end of the run
@@ -32,41 +33,54 @@ Policy = Callable[[Any], Any]
 # -- policies -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class PolicySpec:
-    """What the actors act with: ``random``, or ε-greedy around a policy file from ``mmreplay train``.
+    """What the actors act with: ``random``, ε-greedy around a Q-network policy file from ``mmreplay
+    train``, or (``gaussian``) the continuous actor a Box-action offline run saves, with Gaussian
+    exploration noise.
 
     ``epsilon=None`` takes the ε recorded in the policy file (``meta["epsilon"]``; the online
-    trainer's current ε), else 0.05. The file is re-read whenever it changes on disk
+    trainer's current ε), else 0.05. ``noise``: the standard deviation of the Gaussian noise added
+    to the actor's unit actions (a fraction of each dimension's half-range, as TD3's
+    ``expl_noise``; 0: deterministic). The file is re-read whenever it changes on disk
     (``reload_s`` is how often to look), so actors follow a learner that republishes its weights.
     """
 
-    kind: Literal["random", "eps-greedy"] = "random"
+    kind: Literal["random", "eps-greedy", "gaussian"] = "random"
     path: str | None = None
     epsilon: float | None = None
     reload_s: float = 1.0
+    noise: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> PolicySpec:
-        """Parse ``random``, ``eps-greedy:CHECKPOINT`` or ``eps-greedy:CHECKPOINT:EPS``."""
+        """Parse ``random``, ``eps-greedy:CHECKPOINT[:EPS]``, ``greedy:CHECKPOINT`` or
+        ``gaussian:CHECKPOINT[:STD]`` (a continuous actor, noise of standard deviation STD, default 0)."""
         if text == "random":
             return cls()
         kind, sep, rest = text.partition(":")
-        if kind not in ("eps-greedy", "epsilon-greedy", "greedy") or not sep or not rest:
-            raise ValueError(f"policy must be 'random', 'eps-greedy:CHECKPOINT' or 'eps-greedy:CHECKPOINT:EPS', got {text!r}")
-        eps: float | None = 0.0 if kind == "greedy" else None
+        if kind not in ("eps-greedy", "epsilon-greedy", "greedy", "gaussian") or not sep or not rest:
+            raise ValueError(f"policy must be 'random', 'eps-greedy:CHECKPOINT[:EPS]' or 'gaussian:CHECKPOINT[:STD]' "
+                             f"(a continuous actor), got {text!r}")
+        value: float | None = 0.0 if kind in ("greedy", "gaussian") else None
         head, _, tail = rest.rpartition(":")
         if head:
             try:
-                eps = float(tail)
+                value = float(tail)
                 rest = head
             except ValueError:
                 pass  # a ':' inside the path
-        if eps is not None and not 0.0 <= eps <= 1.0:
-            raise ValueError(f"policy epsilon must be in [0, 1], got {eps}")
-        return cls("eps-greedy", rest, eps)
+        if kind == "gaussian":
+            if value is None or not value >= 0.0:
+                raise ValueError(f"gaussian policy noise must be >= 0, got {value}")
+            return cls("gaussian", rest, None, noise=float(value))
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValueError(f"policy epsilon must be in [0, 1], got {value}")
+        return cls("eps-greedy", rest, value)
 
     def __str__(self) -> str:
         if self.kind == "random":
             return "random"
+        if self.kind == "gaussian":
+            return f"gaussian:{self.path}:{self.noise:g}"
         return f"eps-greedy:{self.path}" + ("" if self.epsilon is None else f":{self.epsilon:g}")
 
 
@@ -86,6 +100,25 @@ def check_policy(spec: PolicySpec, observation_space: Any, action_space: Any) ->
     schema = Schema.from_spaces(observation_space, action_space)
     want = {n: tuple(schema[n].shape) for n in schema.obs_names}
     have = {o["name"]: tuple(o["shape"]) for o in policy.spec["obs"]}
+    if getattr(policy, "continuous", False):  # an actor of a Box-action offline run
+        if spec.kind == "eps-greedy" and spec.epsilon != 0.0:
+            raise ValueError(f"policy {spec.path} is a continuous actor: use gaussian:{spec.path}[:STD] "
+                             "(Gaussian exploration noise), not eps-greedy")
+        shape = tuple(getattr(action_space, "shape", None) or ())
+        if want != have or getattr(action_space, "n", None) is not None or shape != policy.action_shape:
+            raise ValueError(f"policy {spec.path} was trained for observations {have} and Box actions of shape "
+                             f"{policy.action_shape}; this env has observations {want} and actions {action_space!r}: "
+                             "use a policy trained on it")
+        low, high = np.asarray(action_space.low, np.float32).ravel(), np.asarray(action_space.high, np.float32).ravel()
+        if not (np.allclose(low, policy.low) and np.allclose(high, policy.high)):
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "policy %s maps its actions onto %s..%s, this env's bounds are %s..%s: its actions are clipped to them",
+                spec.path, policy.low.tolist(), policy.high.tolist(), low.tolist(), high.tolist())
+        return
+    if spec.kind == "gaussian":
+        raise ValueError(f"policy {spec.path} is a Q network (discrete actions): use eps-greedy:{spec.path}[:EPS]")
     n_actions = int(getattr(action_space, "n", -1))
     if want != have or n_actions != policy.n_actions:
         raise ValueError(f"policy {spec.path} was trained for observations {have} and {policy.n_actions} actions; "
@@ -93,7 +126,8 @@ def check_policy(spec: PolicySpec, observation_space: Any, action_space: Any) ->
 
 
 class _EpsGreedy:
-    """ε-greedy over a policy file, reloaded when the file changes; keeps frame stacks per lane."""
+    """ε-greedy over a policy file (Gaussian noise around a continuous actor's actions), reloaded when
+    the file changes; keeps frame stacks per lane."""
 
     def __init__(self, spec: PolicySpec, seed: int) -> None:
         if spec.path is None:
@@ -119,6 +153,8 @@ class _EpsGreedy:
 
     @property
     def epsilon(self) -> float:
+        if getattr(self.policy, "continuous", False):
+            return self.spec.noise  # a continuous actor's Gaussian noise
         if self.spec.epsilon is not None:
             return self.spec.epsilon
         eps = self.policy.meta.get("epsilon")
@@ -219,7 +255,7 @@ def run_worker(
     envs = _make_vec(cfg, copy=not (next_step and ours))
     E = cfg.envs
     cut = cfg.cut_episodes
-    if ours and cfg.policy.kind == "eps-greedy":
+    if ours and cfg.policy.kind in ("eps-greedy", "gaussian"):
         act: Any = _EpsGreedy(cfg.policy, cfg.seed + 7919 * (cfg.worker + 1))
     elif ours:
         envs.action_space.seed(cfg.seed + cfg.worker)

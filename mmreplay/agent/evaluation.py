@@ -1,8 +1,9 @@
-"""Greedy evaluation episodes of a Q network in a gymnasium environment.
+"""Greedy evaluation episodes of a Q network (or a continuous actor) in a gymnasium environment.
 
 ``evaluate`` runs ``episodes`` copies of the env side by side (one vector env, one batched
 forward pass per step) until each copy has finished its first episode, and returns the
-undiscounted returns. Actions are greedy (argmax Q); with frame stacks the stacks are built from
+undiscounted returns. Actions are greedy (argmax Q; a continuous actor's deterministic action,
+mapped to the env's Box bounds recorded in its spec); with frame stacks the stacks are built from
 single frames exactly as the samplers build them (:class:`mmreplay.agent.FrameStack`). Seeds are
 the caller's, so an evaluation is reproducible and does not touch the training generators.
 """
@@ -43,6 +44,14 @@ def greedy_actions(net: torch.nn.Module, obs: Any, device: torch.device) -> np.n
     return a.numpy() if a.device.type == "cpu" else a.cpu().numpy()
 
 
+def actor_actions(net: torch.nn.Module, obs: Any, device: torch.device) -> np.ndarray:
+    """A continuous actor's actions at the env's scale (``Actor.to_env`` of its unit actions; the
+    Gaussian actor's mean), as float32 numpy, for a batch of observations."""
+    with torch.no_grad():
+        a = net.to_env(net(obs_to_device(obs, device)))  # type: ignore[operator]
+    return a.cpu().numpy().reshape(len(a), *net.spec.get("action_shape", [a.shape[1]]))  # type: ignore[union-attr]
+
+
 def evaluate(
     net: torch.nn.Module,
     env_id: str,
@@ -54,7 +63,8 @@ def evaluate(
     frame_stack: int = 1,
     max_episode_steps: int | None = None,
 ) -> np.ndarray:
-    """Returns of ``episodes`` greedy episodes (float64, one per episode)."""
+    """Returns of ``episodes`` greedy episodes (float64, one per episode) of a ``QNetwork`` or an
+    ``Actor`` (``mmreplay.agent.continuous``)."""
     from .envs import make_vec_env
 
     if episodes < 1:
@@ -69,8 +79,9 @@ def evaluate(
         returns = np.zeros(episodes)
         finished = np.zeros(episodes, np.bool_)
         autoreset = np.zeros(episodes, np.bool_)  # next-step autoreset: this step starts a new episode
+        act = actor_actions if getattr(net, "spec", {}).get("kind") == "actor" else greedy_actions
         while not finished.all():
-            obs, reward, terminated, truncated, _ = envs.step(greedy_actions(net, x, device))
+            obs, reward, terminated, truncated, _ = envs.step(act(net, x, device))
             returns += np.where(finished, 0.0, reward)
             ended = terminated | truncated
             finished |= ended

@@ -1,4 +1,5 @@
-"""Q networks for discrete actions, and policy files that rebuild them without the training config.
+"""Q networks for discrete actions, and policy files that rebuild them (or a continuous actor,
+``mmreplay.agent.continuous``) without the training config.
 
 Networks (:class:`QNetwork`) are built from a small JSON-able *spec* (:func:`network_spec`):
 
@@ -232,12 +233,15 @@ def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
 
 def policy_payload(net: QNetwork, *, epsilon: float | None = None, step: int = 0, **meta: Any) -> dict[str, Any]:
     """The policy keys of a policy file or checkpoint (tensors copied to the CPU)."""
-    if isinstance(net, nn.Module) and not isinstance(net, QNetwork):
+    from .continuous import Actor
+
+    if isinstance(net, nn.Module) and not isinstance(net, (QNetwork, Actor)):
         net = getattr(net, "_orig_mod", net)  # torch.compile wrapper
-    if not isinstance(net, QNetwork):
-        q = getattr(net, "q", None)
+    if not isinstance(net, (QNetwork, Actor)):
+        q = getattr(net, "q", None) or getattr(net, "actor", None)
         if not isinstance(q, nn.Module):
-            raise TypeError(f"expected a QNetwork (or an object with a `.q` QNetwork), got {type(net).__name__}")
+            raise TypeError(f"expected a QNetwork or an Actor (or an object with a `.q` / `.actor` one), "
+                            f"got {type(net).__name__}")
         net = getattr(q, "_orig_mod", q)
     info = _jsonable({**meta, "epsilon": None if epsilon is None else float(epsilon), "step": int(step)})
     state = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
@@ -288,10 +292,19 @@ def read_payload(path: str | os.PathLike[str], device: Any = "cpu") -> dict[str,
     return payload
 
 
-def load_policy(path: str | os.PathLike[str], device: Any = "cpu") -> Policy:
-    """Rebuild the network of a policy file (or a training checkpoint) on ``device``."""
+def load_policy(path: str | os.PathLike[str], device: Any = "cpu") -> Any:
+    """Rebuild the network of a policy file (or a training checkpoint) on ``device``: a
+    :class:`Policy` over a Q network, or a :class:`mmreplay.agent.continuous.ContinuousPolicy` over
+    the actor that ``mmreplay train --offline --algo td3bc|iql|bc`` saves for Box actions."""
     payload = read_payload(path, device)
     spec = json.loads(payload["spec_json"])
+    if spec.get("kind") == "actor":
+        from .continuous import Actor, ContinuousPolicy
+
+        actor = Actor(spec)
+        actor.load_state_dict(payload["state_dict"])
+        actor.to(device).eval()
+        return ContinuousPolicy(actor, json.loads(payload["meta_json"]), device)
     net = QNetwork(spec)
     net.load_state_dict(payload["state_dict"])
     net.to(device).eval()

@@ -2,7 +2,7 @@
 
 Modules: ``config`` (TrainConfig, presets, validation, run-dir naming; no torch, so the CLI
 checks a config before torch loads), ``loops`` (Learner and the synchronous, actor and
-offline loops), ``_run`` (what the loops share: the run directory, batches, evaluation,
+offline loops), ``continuous`` (TD3+BC, IQL and BC for Box actions: ContinuousLearner), ``_run`` (what the loops share: the run directory, batches, evaluation,
 checkpoints on schedule), ``checkpoint`` (weights-only checkpoint files), ``runlog``
 (metrics CSV / TensorBoard, ``plot_run``).
 
@@ -17,6 +17,7 @@ from typing import Any
 from .config import (
     TrainConfig,
     atari_config,
+    continuous_config,
     minatar_config,
     default_run_dir,
     linear_schedule,
@@ -25,13 +26,13 @@ from .config import (
     validate_config,
 )
 
-_LAZY = {"Learner": "loops", "train": "loops", "train_online": "loops", "train_actors": "loops",
+_LAZY = {"ContinuousLearner": "continuous", "Learner": "loops", "train": "loops", "train_online": "loops", "train_actors": "loops",
          "train_offline": "loops", "TrainResult": "_run", "to_tensors": "_run", "pick_device": "_run",
          "replay_segment_records": "_run",
          "read_metrics": "runlog", "plot_run": "runlog", "save_checkpoint": "checkpoint",
          "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
-    "Learner", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "minatar_config", "linear_schedule", "load_checkpoint",
+    "ContinuousLearner", "Learner", "continuous_config", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "minatar_config", "linear_schedule", "load_checkpoint",
     "pick_device", "plot_run", "read_metrics", "replay_segment_records", "resume_config", "save_checkpoint", "target_update_interval_of",
     "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config",
 ]

@@ -277,7 +277,7 @@ class Run:
             return False
         self.next_eval = next_multiple(self.step, c.eval_every) if c.eval_every else math.inf
         t0, c0 = time.perf_counter(), time.process_time()
-        rets = evaluate(learner.q, env_id, c.eval_episodes, seed=c.seed + 100_000 + len(self.evals),
+        rets = evaluate(learner.policy_net, env_id, c.eval_episodes, seed=c.seed + 100_000 + len(self.evals),
                         device=self.device, atari=c.atari or None, frame_stack=c.frame_stack,
                         max_episode_steps=c.max_episode_steps)
         spent = time.perf_counter() - t0  # evaluation time is not training time
@@ -291,7 +291,7 @@ class Run:
         log.info("step %d: eval return %.1f ± %.1f", self.step, mean, std)
         if self.best is None or mean >= self.best:
             self.best = mean
-            save_policy(self.dir / "best_policy.pt", learner.q, epsilon=None, step=self.step, eval_return=mean,
+            save_policy(self.dir / "best_policy.pt", learner.policy_net, epsilon=None, step=self.step, eval_return=mean,
                         **self.meta())
         return c.target_return is not None and mean >= c.target_return
 
@@ -307,9 +307,8 @@ class Run:
             save()  # priorities live in the store; written before the checkpoint that counts on them
         counters = {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                     "time_s": self.wall_s, "cpu_s": self.cpu_s, "best_eval": self.best, "evals": self.evals}
-        save_checkpoint(self.dir / CHECKPOINT_NAME, q=learner.q, target=learner.target, optimizer=learner.optimizer,
-                        config=asdict(self.cfg), counters=counters, rng=rng, sampler=sampler, epsilon=epsilon,
-                        meta=self.meta())
+        save_checkpoint(self.dir / CHECKPOINT_NAME, **learner.checkpoint_parts(), config=asdict(self.cfg),
+                        counters=counters, rng=rng, sampler=sampler, epsilon=epsilon, meta=self.meta())
 
     def profile_step(self) -> None:
         """Profile updates 10..30 of this session when ``profile`` is set (trace in run_dir/profile)."""
@@ -343,7 +342,7 @@ class Run:
         self.maybe_log(learner, epsilon, force=True)
         self.maybe_checkpoint(learner, sampler, rng, epsilon, force=True)
         policy = self.dir / "policy.pt"
-        save_policy(policy, learner.q, epsilon=None, step=self.step, **self.meta())
+        save_policy(policy, learner.policy_net, epsilon=None, step=self.step, **self.meta())
         assert self.log is not None, "begin() makes the log"
         self.log.close()
         if self.bar is not None:

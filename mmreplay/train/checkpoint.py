@@ -3,7 +3,8 @@
 A checkpoint (``<run_dir>/checkpoint.pt``) is a policy file (``mmreplay.agent``: ``load_policy``
 opens it and gets the online network) plus the training state:
 
-* ``target`` and ``optimizer`` state dicts (tensors);
+* ``target`` and ``optimizer`` state dicts (tensors); ``learner``: the rest of a continuous
+  learner's state (critics, targets, their optimizers, the actor's schedule), ``None`` for DQN;
 * ``config_json``: the run's :class:`mmreplay.train.TrainConfig` as JSON;
 * ``counters_json``: env steps, learner updates, episodes, wall time, best evaluation;
 * ``rng_json`` / ``rng_torch``: the numpy generator of the acting loop and torch's CPU (and CUDA)
@@ -62,8 +63,10 @@ def save_checkpoint(
     sampler: TransitionSampler | None,
     epsilon: float | None,
     meta: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Write a checkpoint atomically (see the module docstring)."""
+    """Write a checkpoint atomically (see the module docstring). ``extra``: more learner state (the
+    continuous learners' critics, targets, optimizers and schedule), stored as ``learner``."""
     payload = policy_payload(q, epsilon=epsilon, step=int(counters.get("env_steps") or counters["updates"]), **meta)
     payload.update({
         "kind": "checkpoint",
@@ -75,6 +78,7 @@ def save_checkpoint(
         "rng_torch": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "sampler_json": json.dumps(None if sampler is None else sampler_state(sampler)),
+        "learner": extra,
     })
     save_torch_atomic(path, payload)
 

@@ -1,5 +1,5 @@
 """The training configuration: :class:`TrainConfig` (one docstring per field; ``mmreplay train``'s
-options mirror it), its presets (``atari_config``, ``minatar_config``, ``resume_config``), validation and run-directory
+options mirror it), its presets (``atari_config``, ``minatar_config``, ``continuous_config``, ``resume_config``), validation and run-directory
 naming, and the schedules. No torch here: the CLI builds and checks a config before torch loads.
 """
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-Algo = Literal["dqn", "bc", "cql"]
+Algo = Literal["dqn", "bc", "cql", "td3bc", "iql"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,9 @@ class TrainConfig:
     """Offline: train from a zarr archive (path or fsspec URL) instead of ``store``, read-only
     (its segments are fetched into a temporary local cache first, see ``mmreplay.archive``)."""
     algo: Algo = "dqn"
-    """``dqn`` (double DQN), ``bc`` (behaviour cloning, offline) or ``cql`` (discrete CQL, offline)."""
+    """``dqn`` (double DQN), ``bc`` (behaviour cloning, offline) or ``cql`` (discrete CQL, offline) for
+    discrete actions; ``td3bc`` (TD3+BC), ``iql`` (implicit Q-learning) or ``bc`` (offline) for Box
+    actions, with :func:`continuous_config`'s settings."""
     steps: int = 100_000
     """Online: env steps in total (actions taken, all envs and actors). Offline: learner updates."""
     seed: int = 1
@@ -114,6 +116,23 @@ class TrainConfig:
     """Importance-weight exponent at the end of training."""
     cql_alpha: float = 1.0
     """Weight of the CQL regulariser."""
+    policy_noise: float = 0.2
+    """TD3+BC: standard deviation of the target policy's smoothing noise (unit actions in [-1, 1])."""
+    noise_clip: float = 0.5
+    """TD3+BC: the smoothing noise is clipped to [-noise_clip, noise_clip]."""
+    policy_freq: int = 2
+    """TD3+BC: critic updates per actor (and target) update."""
+    td3bc_alpha: float = 2.5
+    """TD3+BC: the actor loss is ``-lambda Q + (pi - a)^2`` with ``lambda = td3bc_alpha / mean|Q|``."""
+    iql_expectile: float = 0.7
+    """IQL: the expectile the value network fits to the critics (CORL's ``iql_tau``)."""
+    iql_beta: float = 3.0
+    """IQL: inverse temperature of the advantage weights ``exp(beta * A)``."""
+    iql_deterministic: bool = False
+    """IQL: a deterministic actor (squared error weighted by ``exp(beta * A)``) instead of the Gaussian."""
+    normalize_obs: bool = True
+    """Continuous algorithms: normalize observations with the dataset's mean and std
+    (``mmreplay.field_stats``, over the transitions' observations, plus 1e-3)."""
     samples_per_insert: float | None = None
     """Actors: sampled transitions per inserted one (``None``: batch × gradient_steps / train_freq)."""
     publish_every: int = 64
@@ -167,6 +186,41 @@ def target_update_interval_of(cfg: TrainConfig) -> int:
     return 1000 if cfg.offline else 128
 
 
+def continuous_config(**overrides: Any) -> TrainConfig:
+    """Offline TD3+BC / IQL / BC for Box actions with the defaults of CORL's single-file implementations
+    (``td3_bc.py``, ``iql.py``, ``any_percent_bc.py``): batch 256, Adam lr 3e-4 for every network,
+    (256, 256) ReLU layers, gamma 0.99, Polyak tau 0.005, no gradient clipping, observations
+    normalized, 1,000,000 updates, 10 evaluation episodes every 5,000 updates; TD3+BC's noise 0.2
+    clipped at 0.5, actor every 2 updates, alpha 2.5; IQL's expectile 0.7, beta 3, Gaussian actor.
+    Then ``overrides`` (``algo`` defaults to ``"td3bc"``)."""
+    base = dict(offline=True, algo="td3bc", batch_size=256, learning_rate=3e-4, hidden=(256, 256), gamma=0.99,
+                tau=0.005, max_grad_norm=0.0, steps=1_000_000, eval_every=5000, eval_episodes=10, log_every=1000,
+                checkpoint_every=10_000)
+    return TrainConfig(**{**base, **overrides})
+
+
+def box_actions(store: str | None = None, archive: str | None = None) -> bool | None:
+    """Whether the offline source (a store path or a zarr archive) holds Box actions (a float ``action``
+    field), read from its manifest or archive metadata without opening its data; ``None`` when it
+    cannot be read (the run reports why)."""
+    try:
+        from ..core.schema import Schema
+
+        if archive:
+            from ..archive.layout import open_group, read_meta
+
+            schema = Schema.from_json(read_meta(open_group(archive, "r", None), archive)["schema"])
+        elif store:
+            from ..storage.manifest import read_manifest
+
+            schema = Schema.from_json(read_manifest(Path(store))["schema"])
+        else:
+            return None
+    except Exception:  # a missing or unreadable source: the run itself says what is wrong
+        return None
+    return "action" in schema and schema["action"].dtype.kind == "f"
+
+
 def atari_config(**overrides: Any) -> TrainConfig:
     """Nature-DQN settings for Atari (frame stacks of 4, CNN, 1M-row store), then ``overrides``."""
     base = dict(atari=True, frame_stack=4, learning_rate=1e-4, batch_size=32, train_freq=4, gradient_steps=1,
@@ -208,8 +262,20 @@ def validate_config(cfg: TrainConfig) -> None:
                  "actors", "max_grad_norm", "cql_alpha"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"`{name}` must be >= 0, got {getattr(cfg, name)}")
-    if cfg.algo not in ("dqn", "bc", "cql"):
-        raise ValueError(f"`algo` must be 'dqn', 'bc' or 'cql', got {cfg.algo!r}")
+    if cfg.algo not in ("dqn", "bc", "cql", "td3bc", "iql"):
+        raise ValueError(f"`algo` must be 'dqn', 'bc', 'cql', 'td3bc' or 'iql', got {cfg.algo!r}")
+    if cfg.policy_freq < 1:
+        raise ValueError(f"`policy_freq` must be >= 1, got {cfg.policy_freq}")
+    for name in ("policy_noise", "noise_clip", "td3bc_alpha"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"`{name}` must be >= 0, got {getattr(cfg, name)}")
+    if not 0.0 < cfg.iql_expectile < 1.0:
+        raise ValueError(f"`iql_expectile` must lie in (0, 1), got {cfg.iql_expectile}")
+    if cfg.iql_beta <= 0:
+        raise ValueError(f"`iql_beta` must be > 0, got {cfg.iql_beta}")
+    if cfg.algo in ("td3bc", "iql") and cfg.tau >= 1.0:
+        raise ValueError(f"`tau`={cfg.tau} copies the target networks at every update; {cfg.algo} Polyak-averages "
+                         "them (CORL: 0.005): build the config with mmreplay.train.continuous_config(...)")
     if not cfg.offline and cfg.algo != "dqn":
         raise ValueError(f"`algo`={cfg.algo!r} is offline only: pass offline=True (--offline) or algo='dqn'")
     if not cfg.store and not (cfg.offline and cfg.archive):

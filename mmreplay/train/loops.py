@@ -19,7 +19,10 @@ loops (``train_online``, ``train_actors``, ``train_offline``) top to bottom.
 * **Offline**: the store is opened read-only (works on a read-only copy); batches come from a
   ``BatchLoader``; ``bc`` (cross-entropy on the Q-network's logits), ``dqn`` (double DQN) or
   ``cql`` (discrete CQL, Kumar et al. 2020: ``alpha * (logsumexp_a Q(s, a) - Q(s, a_data))``
-  added to the double-DQN loss).
+  added to the double-DQN loss). A store of Box actions trains ``td3bc``, ``iql`` or ``bc``
+  with :class:`mmreplay.train.continuous.ContinuousLearner` in the same loop (and the same run
+  directory, metrics and checkpoints); an algorithm that does not fit the store's actions is one
+  ``ValueError``.
 
 Every run has a directory (``run_dir``) with ``metrics.csv`` (and TensorBoard), ``checkpoint.pt``
 (atomic, every ``checkpoint_every`` steps; ``resume=True`` continues from it with the same store),
@@ -106,6 +109,15 @@ class Learner:
         self._qs: list[torch.Tensor] = []
         self._sums = torch.zeros(2, device=device)
         self._counts = [0, 0]
+
+    @property
+    def policy_net(self) -> QNetwork:
+        """The network a policy file holds and evaluation runs: the Q network."""
+        return self.q
+
+    def checkpoint_parts(self) -> dict[str, Any]:
+        """What ``Run.maybe_checkpoint`` writes: the Q network, its target and the optimizer."""
+        return {"q": self.q, "target": self.target, "optimizer": self.optimizer, "extra": None}
 
     def autocast(self) -> Any:
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
@@ -438,7 +450,8 @@ def _take_returns(run: Run, pool: Any, seen: list[int]) -> None:
 
 # -- offline --------------------------------------------------------------------------------------------
 def train_offline(cfg: TrainConfig) -> TrainResult:
-    """BC, DQN or CQL from a saved store, read-only; ``steps`` learner updates."""
+    """BC, DQN or CQL (discrete actions), TD3+BC, IQL or BC (Box actions, ``continuous.py``) from a
+    saved store, read-only; ``steps`` learner updates."""
     from ..storage.store import open_store
 
     run = Run(cfg, _run_dir(cfg))
@@ -448,17 +461,31 @@ def train_offline(cfg: TrainConfig) -> TrainResult:
         store = open_archive(cfg.archive)  # whole segments fetched into a temporary local cache
     else:
         store = open_store(cfg.store, mode="r")
-    waiting = store.check_counts()["unchecked_segments"]
-    if waiting:  # a copied or modified store: its segments are checked before training samples them
-        log.info("checking %d segment(s) not checked since they were written or copied", waiting)
-        store.wait_checked()
-    eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
-    n_actions = offline_n_actions(store, eval_env, cfg)
-    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
-    if run.payload:
-        learner.load(run.payload)
-        restore_torch_rng(run.payload)
-    sampler = run.make_sampler(store, cfg.steps)
+    try:
+        from ..agent.continuous import is_continuous
+        from .continuous import check_algo_fits
+
+        check_algo_fits(cfg.algo, store.schema, str(cfg.archive or cfg.store))
+        waiting = store.check_counts()["unchecked_segments"]
+        if waiting:  # a copied or modified store: its segments are checked before training samples them
+            log.info("checking %d segment(s) not checked since they were written or copied", waiting)
+            store.wait_checked()
+        eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
+        learner: Any
+        if is_continuous(store.schema):  # TD3+BC, IQL or BC for Box actions (continuous.py)
+            from .continuous import make_learner
+
+            learner = make_learner(cfg, store, eval_env, run.device)
+        else:
+            n_actions = offline_n_actions(store, eval_env, cfg)
+            learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
+        if run.payload:
+            learner.load(run.payload)
+            restore_torch_rng(run.payload)
+        sampler = run.make_sampler(store, cfg.steps)
+    except BaseException:
+        store.close()
+        raise
     stopped = False
     batches = Batches(sampler, cfg, run.device)
     run.start_clock()
