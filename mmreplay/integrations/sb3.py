@@ -9,19 +9,32 @@ Use it with any off-policy algorithm (DQN, SAC, TD3, DDPG)::
 What it keeps:
 
 * SB3's contract: it is a ``ReplayBuffer`` (``isinstance`` checks pass) but allocates none of SB3's
-  arrays; ``add(obs, next_obs, action, reward, done, infos)`` takes what SB3's algorithms pass
-  (``next_obs`` already holds ``infos[i]["terminal_observation"]`` for done envs) and
-  ``sample(batch_size, env)`` returns ``ReplayBufferSamples`` (``DictReplayBufferSamples`` for
-  Dict observations) on SB3's device with SB3's shapes and dtypes: actions ``(B, action_dim)``,
-  rewards and dones ``(B, 1)`` float32. ``dones`` is ``terminated`` with
-  ``handle_timeout_termination=True`` (SB3's ``done * (1 - timeout)``), else ``terminated or
+  arrays; ``add(obs, next_obs, action, reward, done, infos)`` takes what SB3's ``ReplayBuffer.add``
+  takes (``next_obs`` already holds ``infos[i]["terminal_observation"]`` for done envs; actions
+  reshaped to ``(n_envs, action_dim)``, observations and rewards broadcast and cast as SB3's
+  assignment into its arrays does) and ``sample(batch_size, env)`` returns ``ReplayBufferSamples``
+  (``DictReplayBufferSamples`` for Dict observations) on SB3's device with SB3's shapes and dtypes:
+  actions ``(B, action_dim)``, rewards and dones ``(B, 1)`` float32. ``dones`` is ``terminated``
+  with ``handle_timeout_termination=True`` (SB3's ``done * (1 - timeout)``), else ``terminated or
   truncated``; VecNormalize (``env=``) normalizes observations and rewards at sampling as in SB3.
+  Unlike SB3's buffer it refuses non-finite floats (``InvalidValueError``, the store's rule).
+* SB3's attributes (``sampling="sb3"``): ``pos``, ``full``, ``size()`` and ``reset()`` are SB3's, and
+  ``observations``, ``next_observations``, ``actions``, ``rewards``, ``dones``, ``timeouts`` are
+  SB3's arrays ``(buffer_size, n_envs, ...)`` in its dtypes and ring order, assembled from the store
+  on each access (``buffer_size * n_envs`` row reads; refused with ``MemoryError`` over
+  ``max_assemble_bytes``, 1 GiB by default). They are copies: read-only, but ``dones`` (SB3's
+  ``learn`` writes it with ``optimize_memory_usage``; the write changes nothing stored). Slots never
+  filled hold zeros and sample as zeros, as in SB3's zero-filled arrays (SB3's own tests set
+  ``full = True`` on an empty buffer and sample).
 * The store's rows: ``Schema.from_spaces`` (the schema ``mmreplay collect`` makes for the same
   env, so actors can write into the same store), one single-lane writer per env (``_lanes``),
   ``truncated`` from ``infos[i]["TimeLimit.truncated"]``. Box actions are stored as SB3 hands
-  them over (scaled to [-1, 1] by SAC and TD3). ``optimize_memory_usage`` changes nothing:
-  ``next_obs`` is never stored twice anyway, and may be combined with
-  ``handle_timeout_termination`` (SB3 refuses that pair for its own buffer).
+  them over (scaled to [-1, 1] by SAC, TD3 and DDPG): a store this buffer creates says so in its
+  metadata, ``"action_scale": "unit"`` and ``"action_space": {"low": [...], "high": [...]}`` (the
+  env's bounds, flat lists of floats), for readers that need env-scale actions; a buffer opened on
+  a store whose metadata says ``"action_scale": "env"`` warns that the scales will mix.
+  ``optimize_memory_usage`` changes nothing: ``next_obs`` is never stored twice anyway, and may be
+  combined with ``handle_timeout_termination`` (SB3 refuses that pair for its own buffer).
 * Persistence: a buffer with the path of an existing store continues on its rows (a new
   process, a new model; no ``save_replay_buffer`` needed) and several processes may write one
   store while each samples all of it (with ``sampling="store"``; rows of other processes within
@@ -467,8 +480,8 @@ class MMReplayBuffer(ReplayBuffer):
             return _frozen(flags.reshape(bs, n).astype(np.float32))
         if not self._dict_obs:
             return _frozen(out["obs"].reshape(bs, n, *self.obs_shape))
-        return {nm.removeprefix("obs/"): _frozen(v.reshape(bs, n, *self.obs_shape[nm.removeprefix("obs/")]))  # type: ignore[index]
-                for nm, v in out.items()}
+        shapes: dict[str, tuple[int, ...]] = self.obs_shape  # type: ignore[assignment]
+        return {(key := nm.removeprefix("obs/")): _frozen(v.reshape(bs, n, *shapes[key])) for nm, v in out.items()}
 
     # -- mmreplay's extras ----------------------------------------------------------------
     def flush(self) -> None:
