@@ -46,7 +46,10 @@ def _fetch() -> Path:
     target = CACHE / "test_buffers.py"
     if target.exists():
         return target
-    CACHE.mkdir(parents=True, exist_ok=True)
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        pytest.skip(f"no cache folder for SB3's test file ({exc})", allow_module_level=True)
     with open(CACHE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():  # another worker fetched it meanwhile
