@@ -12,7 +12,9 @@
   (``iql_expectile`` = 0.7) to the target critics' minimum, critics regressed on ``r + gamma V(s')``,
   target critics Polyak-averaged (``tau`` = 0.005) every update, and advantage-weighted regression of
   a Gaussian actor (state-independent log std; weights ``exp(beta * A)`` clipped at 100,
-  ``beta`` = 3) whose learning rate follows a cosine schedule over the run's ``steps``;
+  ``beta`` = 3) whose learning rate follows a cosine schedule from lr to 0 over the run's ``steps``
+  (CORL's ``CosineAnnealingLR``, in its closed form: a resumed run with more ``steps`` stretches
+  what is left of it);
 * ``bc``: the deterministic actor regressed on the data's actions (mean squared error).
 
 Every network has ``hidden`` = (256, 256) ReLU layers and one Adam optimizer (lr 3e-4), batches of 256.
@@ -26,8 +28,8 @@ Invariants:
 * observations are normalized with the dataset's mean and std (plus 1e-3, as CORL) from
   :func:`mmreplay.field_stats` (cached; computed once per store), once per batch for every
   network; the actor carries them, so its policy file takes raw observations;
-* the learner's whole state (networks, targets, optimizers, the actor's learning-rate schedule)
-  goes into the checkpoint and comes back on ``resume``, so with the run's sampler and torch
+* the learner's whole state (networks, targets, optimizers; the schedule follows the update
+  count) goes into the checkpoint and comes back on ``resume``, so with the run's sampler and torch
   generator restored a resumed run makes the same next update as an uninterrupted one.
 """
 
@@ -170,8 +172,7 @@ class ContinuousLearner:
             self.value = ValueNetwork(obs_dim, cfg.hidden).to(device)
             self.value_opt = torch.optim.Adam(self.value.parameters(), **adam)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), **adam)
-        self.schedule = torch.optim.lr_scheduler.CosineAnnealingLR(self.actor_opt, max(1, cfg.steps)) \
-            if cfg.algo == "iql" else None
+        self.cosine = cfg.algo == "iql"  # the actor's learning rate: cosine from lr to 0 over cfg.steps
         self._actor_params = list(self.actor.parameters())
         self._targets: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
         for target, net in ((self.critic_target, self.critic), (self.actor_target, self.actor)):
@@ -253,8 +254,10 @@ class ContinuousLearner:
             else:
                 bc = (self.actor.forward_normalized(x) - a).pow(2).sum(1)
             self._step(self.actor_opt, (exp_adv * bc).mean(), self.actor)
-            assert self.schedule is not None
-            self.schedule.step()
+            # CORL steps CosineAnnealingLR(T_max=steps) after each actor step; its closed form, from the
+            # update count (stateless: a resumed run continues the same curve)
+            self.actor_opt.param_groups[0]["lr"] = cfg.learning_rate * 0.5 * (
+                1 + math.cos(math.pi * min(self.updates + 1, cfg.steps) / max(1, cfg.steps)))
             q_data = q[0]
         else:  # bc
             loss = F.mse_loss(self.actor.forward_normalized(x), a)
@@ -306,7 +309,7 @@ class ContinuousLearner:
             net = getattr(self, name)
             if net is not None:
                 extra[name] = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-        for name in ("critic_opt", "value_opt", "schedule"):
+        for name in ("critic_opt", "value_opt"):
             obj = getattr(self, name)
             if obj is not None:
                 extra[name] = obj.state_dict()
@@ -321,7 +324,7 @@ class ContinuousLearner:
             if net is not None:
                 net.load_state_dict(extra[name])
         self.actor_opt.load_state_dict(extra["actor_opt"])
-        for name in ("critic_opt", "value_opt", "schedule"):
+        for name in ("critic_opt", "value_opt"):
             obj = getattr(self, name)
             if obj is not None:
                 obj.load_state_dict(extra[name])
