@@ -75,7 +75,9 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
             r = export_archive(path, target, include_open=include_open, clevel=clevel, verify=not no_verify,
                                progress=cb)
         click.echo(f"exported {r.segments_written} segments ({r.rows_written:,} rows) to {r.url}; "
-                   f"archive holds {r.segments} segments, {r.rows:,} rows")
+                   f"archive holds {r.segments} segments, {r.rows:,} rows"
+                   + (f"; {r.damaged_rows:,} damaged row(s) archived masked, in {r.episodes_masked:,} episode(s) "
+                      "marked so" if r.damaged_rows else ""))
     else:
         from mmreplay.interop.minari import export_minari
 
@@ -85,7 +87,8 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
             except ImportError as exc:
                 raise click.ClickException(str(exc)) from None
         click.echo(f"exported {m.episodes:,} episodes ({m.steps:,} steps) to Minari dataset {m.dataset_id}"
-                   + (f"; left out {m.skipped} incomplete episodes" if m.skipped else ""))
+                   + (f"; left out {m.skipped} episodes ({m.skipped - m.masked} incomplete, {m.masked} holding a "
+                      "damaged row)" if m.skipped else ""))
 
 
 @click.command("import")

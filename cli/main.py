@@ -77,9 +77,10 @@ def info(path: str, as_json: bool) -> None:
                    "(not evicted; run `mmreplay verify`)", err=True)
     if data["damaged_rows"]:
         left = data["damaged_rows"] - data["masked_rows"]
-        click.echo(f"damaged      {data['damaged_rows']:,} row(s) fail their checksums and are left out of every batch"
-                   + (f" ({data['masked_rows']:,} masked by a repair)" if data["masked_rows"] else "")
-                   + (" (run `mmreplay verify`)" if left > 0 else ""), err=left > 0)
+        click.echo(f"damaged      {data['damaged_rows']:,} row(s) fail their checksums: masked, left out of every batch "
+                   f"with the {data['transitions_left_out']:,} transition(s) that need them"
+                   + (f" ({data['masked_rows']:,} recorded by a repair)" if data["masked_rows"] else "")
+                   + (f" (run `mmreplay verify {path}`)" if left > 0 else ""), err=left > 0)
     click.echo(f"on disk      {_human_bytes(data['bytes_on_disk'])} allocated in {data['segment_files']} segment "
                f"file(s) (preallocated; spares included); the rows use {_human_bytes(data['bytes_used'])}")
     t = data["tiers"]
@@ -111,12 +112,18 @@ def info(path: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("path", type=click.Path(file_okay=False))
-@click.option("--fast", is_flag=True, help="Check sealed segments by the crc of their stamp column only.")
-@click.option("--repair", is_flag=True, help="Recover dead writers' segments, mask damaged rows (the good rows of "
-              "their segments are kept) and quarantine segments whose header or control page is damaged.")
+@click.option("--fast", is_flag=True, help="Check sealed segments by the crc of their stamp column only (their payload "
+              "is not read; a segment whose stamps differ from its seal is checked in full).")
+@click.option("--repair", is_flag=True, help="Recover dead writers' segments, write back damaged stamps and control "
+              "slots, mask damaged rows (the good rows of their segments are kept) and quarantine segments whose "
+              "header is damaged. Never removes a file that holds a row; exits 1 if rows are lost or quarantined.")
 @friendly
 def verify(path: str, fast: bool, repair: bool) -> None:
-    """Check headers, stamps and checksums of every segment; exit 1 if anything is wrong.
+    """Check headers, control slots, stamps and checksums of every segment; exit 1 if anything is wrong.
+
+    Damaged rows are masked (present in the file, never served); lost rows are held by no file
+    any more. Notes cost nothing (e.g. an eviction a killed writer left for the next writable
+    open to finish) and do not fail the check.
 
     \b
     Examples:
@@ -125,21 +132,31 @@ def verify(path: str, fast: bool, repair: bool) -> None:
       mmreplay verify /data/cartpole --repair
     """
     mode = "a" if repair else "r"
+    notes: list = []
+    lost = 0
     # verify reads every row itself: no background check of segments it is about to read anyway
     with mmreplay.open_store(path, mode=mode, on_corrupt="skip", check_at_open=False) as store:
         if repair:
-            actions, problems = store.repair()
-            for a in actions:
+            rep = store.repair()
+            for a in rep.actions:
                 click.echo(f"repaired: {a}")
+            problems = rep.problems
+            lost = rep.rows_cost
+            if rep.actions:
+                click.echo(f"repair: {rep.rows_masked:,} row(s) masked, {rep.rows_quarantined:,} quarantined, "
+                           f"{rep.rows_lost:,} lost")
         else:
-            problems = store.verify(fast=fast)
+            problems = store.verify(fast=fast, notes=notes)
         masked = store.masked_rows()
+    for n in notes:
+        click.echo(f"note: {n}")
     for p in problems:
         click.echo(f"problem: {p}")
-    if problems:
+    if problems or lost:
         raise SystemExit(1)
     click.echo(f"ok: {path}" + (f" ({masked:,} damaged row(s) masked by a repair: left out of every batch)"
-                                 if masked else ""))
+                                 if masked else "")
+               + (" (fast: stamp columns checked against their seals; payloads not read)" if fast else ""))
 
 
 from .archive import export_cmd, import_cmd  # noqa: E402

@@ -28,6 +28,8 @@ TABLE_COLUMNS = ("segment_id", "writer_id", "lanes", "session_epoch", "chain_ind
                  "usable_records", "committed", "state", "created_ns")
 COL = {name: i for i, name in enumerate(TABLE_COLUMNS)}  # column index of each name
 _TABLE_CHUNK = 1024
+MASKED_TEXT = ("row failed its checksums in the store (damaged): its fields are zeros, not data; leave out the "
+               "episode that holds it")
 MARKER = "ARCHIVE.json"  # in an imported store: which archive it came from
 
 _MEANING = {
@@ -41,9 +43,10 @@ _MEANING = {
 DESCRIPTION = """\
 mmreplay archive (zarr v3). One row per environment step of one lane (one env of a vector env).
 Arrays: fields/<name> (one per field, see the 'fields' attribute), is_last, is_first, episode,
-segment_table. Only the first committed.segments rows of segment_table and the first
+masked, segment_table. Only the first committed.segments rows of segment_table and the first
 committed.segments * segment_records rows of the other arrays are valid; rows with episode == -1
-are padding. Episode e is the rows with episode == e, in time order as stored; it holds T+1
+are padding. A masked row failed its checksums in the store: its fields are zeros, never data;
+leave out every episode that holds one (its is_last flag was worked out from the row before it). Episode e is the rows with episode == e, in time order as stored; it holds T+1
 observations (its last row is_last, holding the final observation) and T actions, rewards,
 terminated and truncated flags (those of its first T rows). Next observation of a row = obs of
 the next row of the same episode. An episode whose first row is not is_first began before the
@@ -137,7 +140,8 @@ def create_layout(g: Any, store: ReplayStore, clevel: int) -> None:
                        attributes={"field": f.name})
     for name, dt, text in (("is_last", np.dtype(np.bool_), "row is its episode's final observation"),
                            ("is_first", np.dtype(np.bool_), "row starts an episode"),
-                           ("episode", np.dtype(np.int64), "episode id (store row id of its first row); -1 = padding")):
+                           ("episode", np.dtype(np.int64), "episode id (store row id of its first row); -1 = padding"),
+                           ("masked", np.dtype(np.bool_), MASKED_TEXT)):
         g.create_array(name, shape=(0,), chunks=(R,), dtype=dt, compressors=_codecs(dt, clevel),
                        fill_value=-1 if name == "episode" else 0, dimension_names=["row"], overwrite=True,
                        attributes={"description": text})
@@ -161,12 +165,34 @@ def create_layout(g: Any, store: ReplayStore, clevel: int) -> None:
                             if k in store.metadata},
                     "committed": {"segments": 0, "rows": 0}})
 
+def add_masked(g: Any, R: int, clevel: int) -> None:
+    """Give an archive written before the ``masked`` array one (its damaged rows were archived
+    with ``episode == -1``: ``read_masked`` reads them so)."""
+    dt = np.dtype(np.bool_)
+    a = g.create_array("masked", shape=(0,), chunks=(R,), dtype=dt, compressors=_codecs(dt, clevel), fill_value=0,
+                       dimension_names=["row"], attributes={"description": MASKED_TEXT})
+    n = g["is_last"].shape[0]
+    if n:
+        a.resize((n,))
+        for lo in range(0, n, R):
+            ep = np.asarray(g["episode"][lo : lo + R])
+            a[lo : lo + R] = ep == -1  # (padding rows too: beyond committed, never read)
+
+
+def read_masked(g: Any, sel: slice) -> np.ndarray:
+    """The ``masked`` flags of rows ``sel`` (an archive written before that array: rows archived
+    with ``episode == -1``, which it gave damaged rows)."""
+    if "masked" in g:
+        return np.asarray(read_rows(g, "masked", sel), np.bool_)
+    return np.asarray(read_rows(g, "episode", sel), np.int64) == -1
+
+
 def resize_layout(g: Any, schema: Schema, segments: int, R: int) -> None:
     for f in schema.fields:
         a = g[f"fields/{f.name}"]
         if a.shape[0] != segments * R:
             a.resize((segments * R, *f.shape))
-    for name in ("is_last", "is_first", "episode"):
+    for name in ("is_last", "is_first", "episode", "masked"):
         if g[name].shape[0] != segments * R:
             g[name].resize((segments * R,))
     if g["segment_table"].shape[0] != segments:

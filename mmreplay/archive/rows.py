@@ -1,32 +1,45 @@
-"""Reading one segment's rows for export, damaged rows left out (``storage.checks``).
+"""Reading one segment's rows for export, damaged rows masked (``storage.checks``).
 
-``read_segment`` gives a segment's rows as the archive stores them, with every damaged row
-(found by this read, or already known to the store's checks) zeroed, flagged ``is_last`` and
-patched out as a reader patches it; ``cut_predecessor`` cuts an archived chain link whose next
-row is damaged, so no archived transition reaches a damaged row.
+``read_segment`` gives a segment's rows as the archive stores them: every damaged row (found by
+this read, or already known to the store's checks) is **masked**: its fields zeroed, never
+data, and flagged in the archive's ``masked`` array. No episode boundary is made up around it:
+its ``is_last`` flag is worked out from the row before it (``core.episodes.masked_last``), the
+rows around it keep their own, and readers of the archive (an import, ``open_archive``) mask it
+again, so every window that needs it is left out there too.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from ..core.episodes import LaneCarry
-from .layout import COL
 
 if TYPE_CHECKING:
     from ..storage.store import ReplayStore
 
 
-def read_segment(store: ReplayStore, sid: int, name: str, rows: int, verify: bool) -> tuple[dict[str, np.ndarray], np.ndarray, Any] | None:
-    """The job's rows as padded ``R``-row arrays per field, plus ``is_last`` and the damage patch
-    (``None`` if no row is damaged); None if evicted. Damaged rows (found by this read with
-    ``verify``, or known to the store's checks) are zeroed and flagged ``is_last``, as readers
-    see them (``mmreplay.storage.checks``)."""
+@dataclass(frozen=True, slots=True)
+class SegmentRows:
+    """One segment's rows, padded to ``R`` rows per field."""
+
+    fields: dict[str, np.ndarray]
+    """Every schema field, masked rows zeroed."""
+    is_last: np.ndarray
+    """The file's ``is_last`` flags (bool, ``R``); a masked row's is not to be trusted."""
+    masked: np.ndarray
+    """Damaged rows (bool, ``R``)."""
+    done: np.ndarray
+    """Each committed row's terminated-or-truncated flag (bool, ``rows``; False where the schema
+    has neither field, and on masked rows)."""
+
+
+def read_segment(store: ReplayStore, sid: int, name: str, rows: int, verify: bool) -> SegmentRows | None:
+    """Segment ``name``'s first ``rows`` rows; None if evicted. Damaged rows (found by this read
+    with ``verify``, or known to the store's checks) are masked."""
     import mmap
 
-    from ..storage.checks import damage_patch, scan
+    from ..storage.checks import scan
     from ..storage.segment import Segment
 
     R = store.segment_records
@@ -46,28 +59,16 @@ def read_segment(store: ReplayStore, sid: int, name: str, rows: int, verify: boo
         for f in store.schema.fields:
             buf = np.zeros((R, *f.shape), f.dtype)
             buf[:n] = seg.columns[f.name][:n]
+            buf[bad] = 0
             out[f.name] = buf
         last = np.zeros(R, np.bool_)
         last[:n] = seg.is_last[:n]
-        patch = damage_patch(bad, seg.header.lanes) if len(bad) else None
-        if patch is not None:
-            for buf in out.values():
-                buf[patch.zero] = 0
-            last[patch.last] = True
-        return out, last, patch
+        masked = np.zeros(R, np.bool_)
+        masked[bad] = True
+        done = np.zeros(n, np.bool_)
+        for flag in ("terminated", "truncated"):
+            if flag in store.schema:
+                done |= out[flag][:n].astype(np.bool_).reshape(n, -1).any(axis=1)
+        return SegmentRows(out, last, masked, done)
     finally:
         seg.close()
-
-
-def cut_predecessor(is_last: Any, table: np.ndarray, h: Any, patch: Any, R: int) -> LaneCarry | None:
-    """Flag ``is_last`` on the archived predecessor rows whose next row is damaged (the link is
-    cut as a reader cuts it); returns no carry: the damaged segment's rows start fresh."""
-    hit = np.flatnonzero((table[:, COL["writer_id"]] == h.writer_id) & (table[:, COL["session_epoch"]] == h.session_epoch)
-                         & (table[:, COL["chain_index"]] == h.chain_index - 1))
-    if len(hit):
-        o = int(hit[0])
-        usable = int(table[o, COL["usable_records"]])
-        for b in patch.zero[patch.zero < h.lanes]:
-            if usable - h.lanes + b < int(table[o, COL["committed"]]):
-                is_last[o * R + usable - h.lanes + int(b)] = True
-    return None

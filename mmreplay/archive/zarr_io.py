@@ -10,6 +10,8 @@ Layout of the group (readable with plain ``zarr.open_group``, see the ``descript
     is_last         bool: the row is its episode's final observation (T+1 rows per episode)
     is_first        bool: the row starts an episode (False where its start was evicted first)
     episode         int64: id of the row's episode (its first row's store row id); -1 = padding
+    masked          bool: the row failed its checksums in the store (damaged): its fields are
+                    zeros, never data; an import and ``open_archive`` mask it again
     segment_table   int64 (segments, len(TABLE_COLUMNS)): one row per archived segment
 
 Archive row ``r`` is slot ``r % R`` of the segment in ``segment_table`` row ``r // R``
@@ -31,7 +33,8 @@ Invariants kept here:
   concurrent exports into one URL are the caller's to prevent.
 * **Bit-exact round trip.** ``import_archive`` recreates every archived segment with its
   original segment id, writer id, lanes, session epoch, chain index, first sequence number,
-  usable rows, creation time and every field and ``is_last`` byte, in a store with the same
+  usable rows, creation time and every field and ``is_last`` byte (and every masked row masked
+  again: it is written unstamped, so every check of the new store fails it), in a store with the same
   schema, ``segment_records``, capacity, ``on_full`` and metadata (provenance records too). Row
   ids, lanes, episodes, ``transition_ids()`` and ``transitions()`` are therefore identical.
   Not preserved: the store uuid (a new store gets its own), the commit groups of the row stamps
@@ -63,13 +66,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.episodes import LaneCarry, segment_episodes
+from ..core.episodes import LaneCarry, masked_last, segment_episodes
 from ..core.fs import atomic_write
 from ..core.schema import Schema
 from ..storage.format import STATE_SEALED
-from .layout import (COL, MARKER, ArchiveError, CorruptArchiveError, committed_extent, create_layout, open_group,
-                     read_meta, read_rows, read_table, resize_layout)
-from .rows import cut_predecessor, read_segment
+from .layout import (COL, MARKER, ArchiveError, CorruptArchiveError, add_masked, committed_extent, create_layout,
+                     open_group, read_masked, read_meta, read_rows, read_table, resize_layout)
+from .rows import read_segment
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -102,7 +105,9 @@ class ArchiveReport:
     bytes_raw: int
     """Uncompressed bytes of the chunks this export wrote (padding included)."""
     damaged_rows: int = 0
-    """Rows that failed their checksums: archived zeroed, flagged ``is_last`` and in no episode."""
+    """Rows that failed their checksums: archived masked (zeroed, flagged in ``masked``)."""
+    episodes_masked: int = 0
+    """Episodes holding a masked row (the archive keeps them, marked; episode exports leave them out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +162,12 @@ def _carry(g: Any, table: np.ndarray, cache: dict[tuple[int, int, int], LaneCarr
     if n != int(t[o, COL["usable_records"]]) or L != h.lanes:
         return None
     sel = slice(o * R + n - L, o * R + n)
-    return LaneCarry(np.asarray(read_rows(g, "episode", sel), np.int64), np.asarray(read_rows(g, "is_last", sel), np.bool_))
+    done = np.zeros(L, np.bool_)
+    for flag in ("terminated", "truncated"):
+        if f"fields/{flag}" in g:
+            done |= np.asarray(read_rows(g, f"fields/{flag}", sel), np.bool_).reshape(L, -1).any(axis=1)
+    return LaneCarry(np.asarray(read_rows(g, "episode", sel), np.int64), np.asarray(read_rows(g, "is_last", sel), np.bool_),
+                     done & ~read_masked(g, sel))
 
 
 def export_archive(
@@ -187,8 +197,9 @@ def export_archive(
         zstd level of the blosc codec (1-9; 3 is the measured sweet spot for Atari frames).
     verify
         Check every row's stamp and crc32c before archiving it. A damaged row (or one the store's
-        checks already found) is never archived as it is: it is zeroed, flagged ``is_last`` and
-        put in no episode, and the report counts it.
+        checks already found) is never archived as it is: it is archived masked (zeroed, flagged
+        in ``masked``; no episode boundary is made up around it), and the report counts it and
+        the episodes holding one.
     storage_options
         Passed to fsspec for URLs (credentials, endpoints).
     progress
@@ -216,7 +227,7 @@ def _open_for_export(store: ReplayStore, url: str | os.PathLike[str], storage_op
     """The archive group for ``store`` at ``url``: created if new, checked if not."""
     g = open_group(url, "a", storage_options)
     if not isinstance(g.attrs.get("mmreplay"), dict):
-        foreign = set(g.keys()) - {"fields", "is_last", "is_first", "episode", "segment_table"}
+        foreign = set(g.keys()) - {"fields", "is_last", "is_first", "episode", "masked", "segment_table"}
         if foreign:  # not an archive whose creation was interrupted: someone else's group
             raise ArchiveError(f"{url} holds a zarr group that is not an mmreplay archive ({sorted(foreign)[:5]})",
                                hint="export into a new URL")
@@ -231,12 +242,13 @@ def _open_for_export(store: ReplayStore, url: str | os.PathLike[str], storage_op
 
 
 def _write(arrays: dict[str, Any], o: int, R: int, job: _Job, fields: dict[str, np.ndarray], last: np.ndarray,
-           ep: np.ndarray, first: np.ndarray) -> np.ndarray:
+           ep: np.ndarray, first: np.ndarray, masked: np.ndarray) -> np.ndarray:
     """Write one segment's chunks and its table row at ordinal ``o``; returns the table row."""
     sel = slice(o * R, (o + 1) * R)
     for name, buf in fields.items():
         arrays[f"fields/{name}"][sel] = buf
     arrays["is_last"][sel] = last
+    arrays["masked"][sel] = masked
     arrays["is_first"][sel] = np.pad(first, (0, R - job.rows))
     arrays["episode"][sel] = np.pad(ep, (0, R - job.rows), constant_values=-1)
     h = job.header
@@ -257,6 +269,8 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
     store.refresh()
     g = _open_for_export(store, url, storage_options, clevel)
     R = store.segment_records
+    if "masked" not in g:  # an archive written before the masked array
+        add_masked(g, R, clevel)
     count, rows = committed_extent(g)
     table = read_table(g, count)
     jobs = _plan(store, table, include_open)
@@ -264,27 +278,28 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
     # every chunk is written whole: skip zarr's scan for all-fill chunks (it cost 3-7x the write)
     with zarr.config.set({"array.write_empty_chunks": True}):
         arrays = {name: g[name] for name in (*(f"fields/{n}" for n in store.schema.names), "is_last", "is_first",
-                                              "episode", "segment_table")}
+                                              "episode", "masked", "segment_table")}
     total = sum(j.rows for j in jobs)
-    done = written = nbytes = damaged = 0
+    done = written = nbytes = damaged = episodes_masked = 0
     cache: dict[tuple[int, int, int], LaneCarry] = {}
     for job in jobs:
         data = read_segment(store, job.sid, job.name, job.rows, verify)
         if data is None:
             continue  # evicted since the plan: it was never archived, so nothing refers to it
-        fields, last, patch = data
-        h = job.header
+        h, n = job.header, job.rows
         carry = _carry(g, table, cache, h, R)
-        if patch is not None and patch.cut_pred:  # the row before a damaged first row is in the predecessor
-            carry = cut_predecessor(arrays["is_last"], table, h, patch, R)
+        masked = data.masked[:n]
+        last = data.is_last.copy()
+        last[:n] = masked_last(data.is_last[:n], masked, data.done, lanes=h.lanes, carry=carry)
         ep, first, cache[(h.writer_id, h.session_epoch, h.chain_index)] = segment_episodes(
-            last[: job.rows], segment_id=job.sid, segment_records=R, lanes=h.lanes, chain_index=h.chain_index,
-            carry=carry)
-        if patch is not None:
-            ep[patch.zero] = -1  # in no episode
-            damaged += len(patch.zero)
+            last[:n], segment_id=job.sid, segment_records=R, lanes=h.lanes, chain_index=h.chain_index,
+            carry=carry, done=data.done & ~masked)
+        if masked.any():
+            damaged += int(masked.sum())
+            episodes_masked += len(np.unique(ep[masked]))
+        fields = data.fields
         o = job.ordinal if job.ordinal >= 0 else count
-        trow = _write(arrays, o, R, job, fields, last, ep, first)
+        trow = _write(arrays, o, R, job, fields, last, ep, first, data.masked)
         nbytes += sum(b.nbytes for b in fields.values())
         if job.ordinal < 0:
             count, rows, table = count + 1, rows + job.rows, np.concatenate([table, trow[None]])
@@ -299,7 +314,7 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
         if progress is not None:
             progress(done, total)
     resize_layout(g, store.schema, count, R)  # drop room reserved for segments evicted meanwhile
-    return ArchiveReport(str(url), written, done, count, rows, nbytes, damaged)
+    return ArchiveReport(str(url), written, done, count, rows, nbytes, damaged, episodes_masked)
 
 
 # -- import ------------------------------------------------------------------------------------
@@ -340,6 +355,7 @@ def import_archive(
                 sel = slice(o * R, o * R + n)
                 fields = {f.name: read_rows(g, f"fields/{f.name}", sel) for f in store.schema.fields}
                 last = np.asarray(read_rows(g, "is_last", sel), np.bool_)
+                masked = read_masked(g, sel)
                 header = make_header(store, segment_id=row[COL["segment_id"]], writer_id=row[COL["writer_id"]],
                                      lanes=row[COL["lanes"]], session_epoch=row[COL["session_epoch"]],
                                      chain_index=row[COL["chain_index"]], first_seq=row[COL["first_seq"]],
@@ -348,7 +364,7 @@ def import_archive(
                 if not 0 < n <= header.usable_records <= R:
                     raise CorruptArchiveError(f"{url}: segment_table row {o} ({name}) has committed={n}, "
                                               f"usable={header.usable_records}, segment_records={R}")
-                build_segment(store, header, fields, last)
+                build_segment(store, header, fields, last, masked=masked)
                 done += n
                 if progress is not None:
                     progress(done, total)

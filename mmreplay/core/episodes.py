@@ -31,16 +31,44 @@ class LaneCarry:
     """Episode id of each lane's last row (int64, ``(lanes,)``)."""
     is_last: np.ndarray
     """Whether each lane's last row ended its episode (bool, ``(lanes,)``)."""
+    done: np.ndarray | None = None
+    """Whether each lane's last row is a step that ended its episode (terminated or truncated):
+    then the next row is its final observation (``masked_last``)."""
+
+
+def masked_last(is_last: np.ndarray, masked: np.ndarray, done: np.ndarray, *, lanes: int,
+                carry: LaneCarry | None) -> np.ndarray:
+    """``is_last`` with the flag of every **masked** row (damaged: its own bytes unknown) worked
+    out from the row before it in its lane, as a writer derives it: a row is its episode's final
+    observation when that row is an ordinary step (neither final nor masked) that ended the
+    episode (``done``: terminated or truncated). Where the row before is masked too, or lies in a
+    predecessor segment not known (``carry`` None), the flag stays False: the episode is taken
+    to go on (it holds a masked row either way, so an export leaves it out; no boundary is made
+    up). All arrays are per row of one segment, ``(time, lane)`` order."""
+    out = np.asarray(is_last, np.bool_).copy()
+    masked = np.asarray(masked, np.bool_)
+    if not masked.any():
+        return out
+    n, L = len(out), int(lanes)
+    before_done = np.zeros(n, np.bool_)
+    ordinary = ~out & ~masked
+    before_done[L:] = np.asarray(done, np.bool_)[: n - L] & ordinary[: n - L]
+    if carry is not None and carry.done is not None:
+        head = min(L, n)
+        before_done[:head] = (carry.done & ~carry.is_last)[:head]
+    out[masked] = before_done[masked]
+    return out
 
 
 def segment_episodes(
     is_last: np.ndarray, *, segment_id: int, segment_records: int, lanes: int, chain_index: int,
-    carry: LaneCarry | None,
+    carry: LaneCarry | None, done: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, LaneCarry]:
     """Episode id and ``is_first`` of each of a segment's ``n = len(is_last)`` rows.
 
     ``carry`` is the chain predecessor's :class:`LaneCarry` (``None`` when the segment starts its
-    writer session, ``chain_index == 0``, or when the predecessor is gone). Returns
+    writer session, ``chain_index == 0``, or when the predecessor is gone); ``done``: the rows'
+    terminated-or-truncated flags, carried to the successor for ``masked_last``. Returns
     ``(episode int64 (n,), is_first bool (n,), carry for the successor)``; the carry is only
     meaningful when the segment is full (every lane has the same number of rows).
     """
@@ -64,6 +92,11 @@ def segment_episodes(
     # ids only grow along a lane (a start's gid exceeds every earlier id), so a running maximum
     # forward-fills each lane's current episode id
     np.maximum.accumulate(ep, axis=0, out=ep)
+    tail_done = None
+    if done is not None and T:
+        d = np.zeros(T * L, np.bool_)
+        d[:n] = done
+        tail_done = d.reshape(T, L)[-1].copy()
     out_carry = LaneCarry(ep[-1].copy() if T else np.full(L, -1, np.int64),
-                          last[-1].copy() if T else np.zeros(L, np.bool_))
+                          last[-1].copy() if T else np.zeros(L, np.bool_), tail_done)
     return ep.reshape(-1)[:n], first.reshape(-1)[:n], out_carry

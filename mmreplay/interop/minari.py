@@ -10,8 +10,9 @@ arrays (``jpeg_encoding=False``): Minari's JPEG default is lossy.
 
 What is exported: every complete episode (its first row starts a writer session's lane or
 follows an ``is_last`` row, and it ends in an ``is_last`` row), in the order of their first rows'
-ids. Running episodes and episodes whose first rows were evicted are left out and counted in
-the report. ``mmreplay collect`` and ``train`` store the last step of an episode the end of the
+ids. Running episodes, episodes whose first rows were evicted, and episodes holding a masked
+(damaged) row are left out whole and counted in the report: no episode boundary is made up
+around a damaged row. ``mmreplay collect`` and ``train`` store the last step of an episode the end of the
 run cuts as a truncation (Minari's and D4RL's ``timeouts`` convention), so it is exported with
 ``truncations[-1] = True``. An episode cut without that mark (a store written before, a writer
 the user closed mid-episode, a killed one; ``info()`` counts them as ``episodes_incomplete``)
@@ -40,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..archive.zarr_io import ArchiveError
-from ..core.episodes import LaneCarry, segment_episodes
+from ..core.episodes import LaneCarry, masked_last, segment_episodes
 from ..core.errors import SchemaError
 from ..core.schema import Field, Schema
+from ..storage.format import MASKED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -64,7 +66,9 @@ class MinariReport:
     steps: int
     """Actions (transitions), T summed over episodes."""
     skipped: int
-    """Episodes left out (export: running or begun before the oldest row)."""
+    """Episodes left out (export: running, begun before the oldest row, or holding a masked row)."""
+    masked: int = 0
+    """Of those, episodes holding a masked row (a damaged row: left out whole)."""
 
 
 def _require_minari() -> Any:
@@ -77,37 +81,41 @@ def _require_minari() -> Any:
 
 
 # -- episodes of a store -------------------------------------------------------------------------
-def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int]:
-    """Global row ids of every complete episode with at least one action (each in time order), and
-    how many episodes were left out (running, begun before the oldest row, a lone final row, or cut
-    by a damaged row)."""
+def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
+    """Global row ids of every complete episode with at least one action and no masked row (each
+    in time order); how many episodes were left out (running, begun before the oldest row, a
+    lone final row, or holding a masked row); and how many of those held a masked row (a
+    damaged row: its episode is left out whole, never cut into pieces that look complete)."""
     store.wait_checked()
     r = store.reader
     s = r.snapshot
     R = store.segment_records
     cache: dict[tuple[int, int, int], LaneCarry] = {}
-    gids, eps, firsts, lasts, cut = [], [], [], [], []
+    gids, eps, firsts, lasts, bads = [], [], [], [], []
+    flags = [f for f in ("terminated", "truncated") if f in store.schema]
     for k, sid in enumerate(s.segment_ids.tolist()):
         h = r.segments[sid].header
-        patch = r.segments[sid].patch
-        if patch is not None:  # damaged rows (storage.checks): the piece of episode before one is cut there
-            cut.append(sid * R + np.setdiff1d(patch.last, patch.zero))
-        n = int(s.committed[k])
-        last = np.array(r.is_last[int(s.windows[k]), :n])
-        linked = h.chain_index and not (patch is not None and patch.cut_pred)  # a damaged first row cuts the link
-        carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if linked else None
+        n, w = int(s.committed[k]), int(s.windows[k])
+        raw = np.array(r.is_last[w, :n])
+        masked = raw == MASKED
+        done = np.zeros(n, np.bool_)
+        for f in flags:
+            done |= np.asarray(r.columns[f][w, :n], np.bool_).reshape(n, -1).any(axis=1)
+        carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if h.chain_index else None
+        last = masked_last(raw == 1, masked, done, lanes=h.lanes, carry=carry)
         ep, first, out = segment_episodes(last, segment_id=sid, segment_records=R, lanes=h.lanes,
-                                          chain_index=h.chain_index, carry=carry)
+                                          chain_index=h.chain_index, carry=carry, done=done & ~masked)
         cache[(h.writer_id, h.session_epoch, h.chain_index)] = out
         gids.append(sid * R + np.arange(n, dtype=np.int64))
         eps.append(ep)
         firsts.append(first)
         lasts.append(last)
+        bads.append(ep[masked])
     if not gids:
-        return [], 0
+        return [], 0, 0
     gid, ep, first, last = (np.concatenate(x) for x in (gids, eps, firsts, lasts))
-    ends = last & ~np.isin(gid, np.concatenate(cut)) if cut else last
-    complete = np.intersect1d(gid[first], ep[ends])
+    damaged = np.unique(np.concatenate(bads))
+    complete = np.setdiff1d(np.intersect1d(gid[first], ep[last]), damaged)
     all_eps = np.unique(ep)
     keep = np.isin(ep, complete)
     gid, ep = gid[keep], ep[keep]
@@ -115,7 +123,7 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int]:
     gid, ep = gid[order], ep[order]
     cuts = np.flatnonzero(np.diff(ep)) + 1
     out = [e for e in np.split(gid, cuts) if len(e) > 1] if len(gid) else []  # T = 0: no action to keep
-    return out, len(all_eps) - len(out)
+    return out, len(all_eps) - len(out), len(damaged)
 
 
 # -- spaces --------------------------------------------------------------------------------------
@@ -235,7 +243,7 @@ def export_minari(
     st = open_store(store, mode="r") if own else store
     try:
         st.schema.require_transition_fields()
-        episodes, skipped = store_episodes(st)
+        episodes, skipped, masked = store_episodes(st)
         if not episodes:
             raise ArchiveError(f"{st.path} holds no complete episode to export", hint="close the writers with last_obs=")
         obs_space, act_space = _spaces(st, episodes, observation_space, action_space)
@@ -260,7 +268,7 @@ def export_minari(
                 ds.update_dataset_from_buffer(batch)
             if progress is not None:
                 progress(min(i + _BATCH_EPISODES, len(episodes)), len(episodes))
-        return MinariReport(dataset_id, len(episodes), steps, skipped)
+        return MinariReport(dataset_id, len(episodes), steps, skipped, masked)
     finally:
         if own:
             st.close()

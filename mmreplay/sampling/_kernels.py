@@ -17,6 +17,8 @@ import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ..storage.format import MASKED
+
 
 @intrinsic
 def _memcpy(typingctx, dst, dst_off, src, src_off, n):  # pragma: no cover - compiled
@@ -133,7 +135,8 @@ def sample_transitions(state, nrand, start, seg, region, rec_bytes, is_last_off,
         r = roffs[j]
         n_ = noffs[j] if noffs[j] >= 0 else r
         touched += region[r] + region[r + rec_bytes - 1] + region[n_] + region[n_ + rec_bytes - 1]
-        ok[j] = (region[r + is_last_off] == 0) & (noffs[j] >= 0)
+        # not a final observation (nor masked) itself, and its next row written and not masked
+        ok[j] = (region[r + is_last_off] == 0) & (noffs[j] >= 0) & (region[n_ + is_last_off] != MASKED)
     i = start
     j = 0
     while i < batch and j < nrand:

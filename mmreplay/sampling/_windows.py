@@ -10,7 +10,11 @@ backward for frame stacks, across segment boundaries of the same writer session:
   A start whose lookahead is not written yet is not a valid transition (not sampled);
 * frame stacks: the ``k`` observations ending at a row, oldest first, clamped at the episode's
   first row (repeated), which is the row after an ``is_last`` row or the first row of the lane's
-  session. A segment already evicted also clamps (its rows are gone).
+  session;
+* a window that needs a **masked** row (a damaged row, its ``is_last`` byte ``MASKED`` in the
+  reader's view, ``storage.checks``), or a stack that would step back into a segment of the
+  session no longer in the snapshot (evicted, quarantined: whether the episode went on there is
+  unknown), is left out, never shortened or clamped: a view serves only what was written.
 
 Row addresses are ``(snapshot segment index, slot)``; the next row of a lane is ``lanes`` slots
 on, in the session's next segment past the end (``SEG_SUCC``), the previous one ``lanes`` slots
@@ -38,11 +42,16 @@ from ._kernels import (
     copy_bytes,
     draw_rows,
 )
+from ..storage.format import MASKED
 from ..storage.format import kernel as storage_kernel
 
 # StoreReader.locate's compiled lookup (global row id -> snapshot segment, slot), storage's own, called
 # here so that explicit starts are located and gathered in one call
 _locate_ids = storage_kernel().locate_ids
+
+# what a start's window is: complete, incomplete (not a start, lookahead not written), or blocked
+# by damage (it needs a masked row, or a stack reaches a segment no longer there)
+WINDOW_OK, WINDOW_NONE, WINDOW_BLOCKED = 1, 0, -1
 
 # F_NEXT values in a windowed plan: which row a field is copied from; ROW_SHARED: the start's
 # stack followed by the next row's frame (one-step views share frames between obs and next_obs)
@@ -63,12 +72,14 @@ def _succ(seg, k, slot):  # pragma: no cover - compiled
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _pred(seg, k, slot):  # pragma: no cover - compiled
+    """The previous row of the lane; ``(-1, -1)`` at the start of the session, ``(-2, -2)`` when
+    it lies in a segment of the session no longer in the snapshot (``storage.table.PRED_GONE``)."""
     prv = slot - seg[k, SEG_LANES]
     if prv >= 0:
         return k, prv
     p = seg[k, SEG_PRED]
     if p < 0:
-        return -1, -1
+        return p, p
     return p, seg[p, SEG_USABLE] + prv
 
 
@@ -77,12 +88,14 @@ def walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot):  #
     """The n-step window from row ``(k, slot)``.
 
     ``flags`` = byte offsets in a record of is_last, terminated, truncated; ``rew`` = (byte
-    offset of the reward, 4 or 8 for float32/float64). Returns ``(ok, next_k, next_slot,
-    return, discount, terminated, truncated)``.
+    offset of the reward, 4 or 8 for float32/float64). Returns ``(code, next_k, next_slot,
+    return, discount, terminated, truncated)``, ``code`` one of ``WINDOW_OK``, ``WINDOW_NONE``
+    (not a start, or the lookahead is not written) and ``WINDOW_BLOCKED`` (a row it needs,
+    the bootstrap row included, is masked).
     """
     rec = seg[k, SEG_BASE] + slot * rec_bytes
-    if region[rec + flags[0]] != 0:  # an episode's final observation starts nothing
-        return False, -1, -1, 0.0, 0.0, False, False
+    if region[rec + flags[0]] != 0:  # an episode's final observation (or a masked row) starts nothing
+        return WINDOW_NONE, -1, -1, 0.0, 0.0, False, False
     g = 0.0
     disc = 1.0
     m = 0
@@ -95,31 +108,42 @@ def walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot):  #
         g += disc * r
         nk, ns = _succ(seg, k, slot)
         if nk < 0:
-            return False, -1, -1, 0.0, 0.0, False, False
+            return WINDOW_NONE, -1, -1, 0.0, 0.0, False, False
+        nrec = seg[nk, SEG_BASE] + ns * rec_bytes
+        nflag = region[nrec + flags[0]]
+        if nflag == MASKED:
+            return WINDOW_BLOCKED, -1, -1, 0.0, 0.0, False, False
         if region[rec + flags[1]] != 0:
-            return True, nk, ns, g, 0.0, True, False
+            return WINDOW_OK, nk, ns, g, 0.0, True, False
         disc *= gamma
         m += 1
-        nrec = seg[nk, SEG_BASE] + ns * rec_bytes
-        if region[nrec + flags[0]] != 0:
-            return True, nk, ns, g, disc, False, region[rec + flags[2]] != 0
+        if nflag != 0:
+            return WINDOW_OK, nk, ns, g, disc, False, region[rec + flags[2]] != 0
         if m == n_step:
-            return True, nk, ns, g, disc, False, False
+            return WINDOW_OK, nk, ns, g, disc, False, False
         k, slot = nk, ns
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def stack_rows(seg, region, rec_bytes, is_last_off, frames, k, slot, ks, slots):  # pragma: no cover - compiled
     """Rows of the ``frames`` observations ending at ``(k, slot)``, oldest first, clamped at the
-    episode start, into ``ks``/``slots``."""
+    episode start, into ``ks``/``slots``. Returns False (the stack is not served) when a row it
+    would step back to is masked, or lies in a segment no longer in the snapshot."""
     ks[frames - 1] = k
     slots[frames - 1] = slot
     for j in range(frames - 2, -1, -1):
         pk, ps = _pred(seg, k, slot)
-        if pk >= 0 and region[seg[pk, SEG_BASE] + ps * rec_bytes + is_last_off] == 0:
-            k, slot = pk, ps
+        if pk >= 0:
+            flag = region[seg[pk, SEG_BASE] + ps * rec_bytes + is_last_off]
+            if flag == MASKED:
+                return False
+            if flag == 0:
+                k, slot = pk, ps
+        elif pk != -1:  # the session's earlier segment is gone: is this the episode's start?
+            return False
         ks[j] = k
         slots[j] = slot
+    return True
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -140,8 +164,13 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
     o4 = out.view(np.uint32)
     o8 = out.view(np.uint64)
     b = ids.shape[0]
-    fk = np.empty(frames, np.int64)
+    fk = np.empty(frames, np.int64)  # the start's stack
     fs = np.empty(frames, np.int64)
+    gk = np.empty(frames, np.int64)  # the bootstrap row's stack
+    gs = np.empty(frames, np.int64)
+    has_next = False
+    for f in range(stacked.shape[0]):
+        has_next |= stacked[f, F_NEXT] == ROW_NEXT
     touched = 0
     for j in range(cand_k.shape[0]):
         # touch the heads of every record the window will read (the stack's rows back, the next
@@ -161,8 +190,13 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
         slot = cand_slot[j]
         j += 1
         ok, nk, ns, g, disc, te, tr = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
-        if not ok:
+        if ok != WINDOW_OK:
             continue
+        if stacked.shape[0]:  # the stacks first: a start whose stack cannot be served is skipped
+            if not stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs):
+                continue
+            if has_next and not stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, gk, gs):
+                continue
         ids[i] = seg_ids[k] * seg_records + slot
         ret[i] = g
         discount[i] = disc
@@ -177,13 +211,12 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
         for f in range(stacked.shape[0]):
             n = stacked[f, F_LEN]
             role = stacked[f, F_NEXT]
-            if role == ROW_NEXT:
-                stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs)
-            else:
-                stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs)
             width = frames + 1 if role == ROW_SHARED else frames
             for q in range(frames):
-                src = seg[fk[q], SEG_BASE] + fs[q] * rec_bytes + stacked[f, F_REC_OFF]
+                if role == ROW_NEXT:
+                    src = seg[gk[q], SEG_BASE] + gs[q] * rec_bytes + stacked[f, F_REC_OFF]
+                else:
+                    src = seg[fk[q], SEG_BASE] + fs[q] * rec_bytes + stacked[f, F_REC_OFF]
                 copy_bytes(region, r4, r8, out, o4, o8, src, stacked[f, F_OUT_OFF] + (i * width + q) * n, n)
             if role == ROW_SHARED:
                 src = noff + stacked[f, F_REC_OFF]
@@ -215,14 +248,28 @@ def locate_and_gather(want, seg, region, rec_bytes, flags, rew, n_step, gamma, f
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def valid_starts(seg, region, rec_bytes, flags, rew, n_step, gamma, ks, slots):  # pragma: no cover - compiled
-    """Which candidate rows start a complete window (for prioritized replay's tree)."""
-    out = np.zeros(ks.shape[0], np.bool_)
+def window_codes(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, slots):  # pragma: no cover - compiled
+    """What each candidate row's window is (``WINDOW_OK`` / ``WINDOW_NONE`` / ``WINDOW_BLOCKED``,
+    int8) under an n-step view with stacks of ``frames`` observations (1: none)."""
+    out = np.zeros(ks.shape[0], np.int8)
     f4 = region.view(np.float32)
     f8 = region.view(np.float64)
+    fk = np.empty(frames, np.int64)
+    fs = np.empty(frames, np.int64)
     for j in range(ks.shape[0]):
-        out[j] = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])[0]
+        code, nk, ns, _, _, _, _ = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])
+        if code == WINDOW_OK and frames > 1:
+            if not (stack_rows(seg, region, rec_bytes, flags[0], frames, ks[j], slots[j], fk, fs)
+                    and stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs)):
+                code = WINDOW_BLOCKED
+        out[j] = code
     return out
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def valid_starts(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, slots):  # pragma: no cover - compiled
+    """Which candidate rows start a complete window (for prioritized replay's tree)."""
+    return window_codes(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, slots) == WINDOW_OK
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -246,7 +293,8 @@ def gather_sequences(seg, region, rec_bytes, is_last_off, total, stride, cand_k,
         base = seg[k, SEG_BASE] + slot * rec_bytes
         if region[base + is_last_off] != 0:
             continue
-        # walk the window: rows until the starting episode's final row must exist
+        # walk the window: rows until the starting episode's final row must exist, and none of
+        # the rows it serves may be masked
         n = 0
         ended = False
         ok = True
@@ -254,7 +302,11 @@ def gather_sequences(seg, region, rec_bytes, is_last_off, total, stride, cand_k,
         while n < total:
             ks[n] = ck
             ss[n] = cs
-            if region[seg[ck, SEG_BASE] + cs * rec_bytes + is_last_off] != 0 and n > 0:
+            flag = region[seg[ck, SEG_BASE] + cs * rec_bytes + is_last_off]
+            if flag == MASKED:
+                ok = False
+                break
+            if flag != 0 and n > 0:
                 ended = True
             n += 1
             if n == total:

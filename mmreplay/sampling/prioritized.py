@@ -162,7 +162,7 @@ class PrioritizedSampler(TransitionSampler):
             reader = self.store.reader
             flags, rew = self._window_consts()
             ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
-                              self.n_step, self.gamma, np.full(len(slot), k), slot)
+                              self.n_step, self.gamma, self.frame_stack, np.full(len(slot), k), slot)
         else:
             ok, _, _ = locate_transitions(self.store, np.full(len(slot), k), slot)
         parked = self._parked.get(int(self.store.reader.snapshot.segment_ids[k]))

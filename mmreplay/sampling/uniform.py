@@ -174,7 +174,54 @@ class TransitionSampler:
             out["mapped_file_bytes"] = self._guard.mapped_file_bytes()
             out["unmap_drops"] = self._guard.drops
         out.update(self.store.check_counts())  # damaged rows left out, segments not checked yet
+        out["windows_left_out"] = self.windows_left_out()
         return out
+
+    def windows_left_out(self) -> int:
+        """Starts left out because their window (under this sampler's ``n_step`` and
+        ``frame_stack``) needs a masked row, or a stack would look into a segment of the session
+        no longer in the store: never shortened or clamped instead. Only the rows within reach
+        of such places are walked (cached per snapshot)."""
+        from ..storage.table import PRED_GONE
+
+        self.store.sync_local()
+        reader = self.store.reader
+        snap = reader.snapshot
+        cached = self._plans.get("left_out")
+        if cached is not None and cached[0] is snap:
+            return cached[1]
+        n, f = self.n_step, self.frame_stack
+        back, fwd = n, max(f, 1)  # a masked row blocks the n starts before it and the f-1 stacks after it
+        picks: dict[int, list[np.ndarray]] = {}
+
+        def take(k: int, lo: int, hi: int) -> None:
+            lo, hi = max(lo, 0), min(hi, int(snap.committed[k]))
+            if hi > lo:
+                picks.setdefault(k, []).append(np.arange(lo, hi))
+
+        for k, sid in enumerate(snap.segment_ids.tolist()):
+            m = reader.segments.get(sid)
+            L, usable = int(snap.lanes[k]), int(snap.usable[k])
+            if snap.pred[k] == PRED_GONE and f > 1:
+                take(k, 0, (f - 1) * L)
+            if m is None or m.patch is None:
+                continue
+            for slot in m.patch.zero.tolist():
+                take(k, slot - back * L, slot + fwd * L + 1)
+                if slot < back * L and snap.pred[k] >= 0:
+                    take(int(snap.pred[k]), usable - back * L + slot, usable)
+                if slot >= usable - fwd * L and snap.succ[k] >= 0:
+                    take(int(snap.succ[k]), 0, slot + fwd * L - usable + 1)
+        total = 0
+        flags, rew = self._window_consts()
+        codes = _kernels().window_codes
+        for k, parts in picks.items():
+            slots = np.unique(np.concatenate(parts))
+            c = codes(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew, n, self.gamma,
+                      f, np.full(len(slots), k), slots)
+            total += int((c == -1).sum())
+        self._plans["left_out"] = (snap, total)
+        return total
 
     def close(self) -> None:
         """Stop background threads and give back the resident set's RAM (idempotent). The
@@ -266,7 +313,7 @@ class TransitionSampler:
         for k in range(len(snap.segment_ids)):
             slots = np.arange(int(snap.committed[k]))
             ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
-                              self.n_step, self.gamma, np.full(len(slots), k), slots)
+                              self.n_step, self.gamma, self.frame_stack, np.full(len(slots), k), slots)
             out.append(snap.segment_ids[k] * self.store.segment_records + slots[ok])
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 

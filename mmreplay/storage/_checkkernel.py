@@ -6,16 +6,17 @@ inside the segment's usable rows and at or before ``stop``), the crc32c of its r
 with (store uuid, segment id, ``i``, first seq, session epoch, ``k``) as in
 ``format.group_seed``, equals the stamped crc, and (format 2) every row's digest matches.
 
-``scan_groups`` walks every group up to ``stop``. In format 2 each row also carries its own
-digest (``format.row_digests``, in the high half of the stamp's ``seq`` field, whose low half is
-then the row number's low 32 bits): a row whose digest does not match is flagged alone, and a
-group whose crc fails with every digest matching (format 1, where there are none, or damage to
-the group's shared stamps) is flagged whole. A row whose stamp disagrees is flagged alone and
-the walk resumes at the next row, so one damaged stamp never hides the groups after it. With
-``first_only`` the walk stops at the first invalid group (recovery's longest valid prefix of
-whole groups). One Python-level crc32c call per group cost ~3 us, i.e. ~25 MB/s for single-row groups
-of CartPole-sized rows; this kernel's table-driven crc32c (slice-by-8, ~1.5 GB/s on this
-machine kind) checks any group size at disk speed.
+``scan_groups`` walks every group up to ``stop`` and locates damage to the row: a group whose
+crc confirms its records keeps all its rows (a damaged stamp of one of them is reported, and
+costs nothing); in a group whose crc fails, each row is judged by its own stamp (its row number
+and, in format 2, the digest of its record in the high half of the stamp's ``seq`` field,
+``format.row_digests``), so a damaged record or stamp costs that row alone and never the rows
+after it. Format 1 rows carry no digest: there, damage is located per commit group. With
+``first_only`` the walk stops at the first group not confirmed (recovery's longest valid prefix
+of whole groups, for the tail a dead writer left open). One Python-level crc32c call per group
+cost ~3 us, i.e. ~25 MB/s for single-row groups of CartPole-sized rows; this kernel's
+table-driven crc32c (slice-by-8, ~1.5 GB/s on this machine kind) checks any group size at disk
+speed.
 
 ``locate_ids`` is the reader's lookup of row ids, compiled here beside the storage room's other
 kernels.
@@ -127,67 +128,112 @@ def _seq_ok(q, want, v2):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def _group_crc(s, i, first_seq, k, data, words, records_offset, rec_bytes, t, v2, mults, dig):  # pragma: no cover
+    """crc32c of the ``k`` records from slot ``i``, seeded as ``format.group_seed`` seeds a group
+    starting there (``s``: the seed bytes, slot / seq / length written here); with ``v2`` each
+    record's ``row_digest`` goes into ``dig[:k]`` in the same pass."""
+    _put_u64(s, 24, i)
+    _put_u64(s, 32, first_seq + i + 1)  # the full row number (format 2 keeps only 32 bits of it)
+    _put_u64(s, 48, k)
+    c = crc_update(0, s, 0, 56, t)
+    lo = records_offset + i * rec_bytes
+    if v2 and (lo | rec_bytes) & 7 == 0:  # whole words: crc and digests in one pass
+        return crc_and_digests(c, words, lo >> 3, k, rec_bytes >> 3, mults, t, dig)
+    c = crc_update(c, data, lo, lo + k * rec_bytes, t)
+    if v2:
+        for j in range(k):
+            dig[j] = row_digest(data, words, lo + j * rec_bytes, rec_bytes, mults)
+    return c
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_seq, usable, start, stop, seed, t,
-                bad, first_only, v2, mults):  # pragma: no cover - compiled
-    """Flag in ``bad`` (uint8, one per slot) every damaged row of ``[start, stop)``.
+                bad, first_only, v2, mults, fix):  # pragma: no cover - compiled
+    """Flag in ``bad`` (uint8, one per slot) every damaged row of ``[start, stop)``: 1 for a row
+    whose record cannot be trusted (left out), 2 for a row whose record is proven intact by its
+    group's crc although its own stamp is damaged (kept; ``verify`` reports the stamp).
 
     ``seq``/``crcs``/``glens``: the stamp column's fields; ``data``: the whole segment file as
-    bytes (``words``: as uint64); ``seed``: 56 bytes packed as ``format.group_seed`` packs them (only the store uuid,
-    segment id and epoch need be filled: slot, first seq and length are written here); ``v2``:
-    the segment is format 2 (``mults``: ``format.digest_multipliers`` for its records). Returns
-    the number of rows flagged, or with ``first_only`` the first damaged slot (``stop`` if none).
+    bytes (``words``: as uint64); ``seed``: 56 bytes packed as ``format.group_seed`` packs them
+    (only the store uuid, segment id and epoch need be filled); ``v2``: the segment is format 2
+    (``mults``: ``format.digest_multipliers`` for its records); ``fix``: uint64 (slots, 2), or
+    (0, 2) when not wanted, receives the stamp each row flagged 2 should hold (its two words, as
+    the writer stamped them). Returns the number of rows flagged 1, or with ``first_only`` the first slot of the first group not proven intact
+    (``stop`` if none): recovery's longest valid prefix of whole groups.
+
+    At slot ``i`` a group is **confirmed** when the crc of the records from ``i`` matches the
+    crc and length stamped on row ``i`` or, if row ``i``'s own stamp is damaged, on row
+    ``i + 1`` (the crc is seeded with the slot and row number computed here, never read from a
+    stamp, so a confirmed group is in its right place). A confirmed group's rows are all kept.
+    Otherwise the rows from ``i`` (the stamped length when it fits, else one row) are judged
+    one by one by their own stamp: row number and (format 2) digest; a row that fails is
+    flagged alone, and the walk goes on after them, so damage to a stamp or a record never costs
+    another row. Format 1 rows carry no digest: an unconfirmed group is flagged whole. A group
+    whose crc fails while every row's digest and stamp agree (a ~2**-32 digest collision) is
+    flagged whole too.
     """
     s = seed.copy()
-    dig = np.empty(64, np.uint64)  # the digests of the group being checked
+    dig = np.empty(64, np.uint64)
     nbad = 0
     i = start
     while i < stop:
-        q = seq[i]
         k = np.int64(glens[i])
-        ok = _seq_ok(q, first_seq + i + 1, v2) and k >= 1 and i + k <= usable and i + k <= stop
-        if ok:
-            c0 = crcs[i]
-            for j in range(i + 1, i + k):
-                if not _seq_ok(seq[j], first_seq + j + 1, v2) or crcs[j] != c0 or np.int64(glens[j]) != k:
-                    ok = False
-                    break
-        if not ok:  # this row's stamp disagrees: flag it alone and look for a group at the next row
-            if first_only:
-                return i
-            bad[i] = 1
-            nbad += 1
-            i += 1
-            continue
-        _put_u64(s, 24, i)
-        _put_u64(s, 32, first_seq + i + 1)  # the full row number (format 2 keeps only 32 bits of it)
-        _put_u64(s, 48, k)
-        c = crc_update(0, s, 0, 56, t)
-        lo = records_offset + i * rec_bytes
-        located = 0
-        if v2 and (lo | rec_bytes) & 7 == 0:  # whole words: crc and digests in one pass
+        c = crcs[i]
+        confirmed = False
+        if k >= 1 and i + k <= usable and i + k <= stop:
             if dig.shape[0] < k:
                 dig = np.empty(2 * k, np.uint64)
-            c = crc_and_digests(c, words, lo >> 3, k, rec_bytes >> 3, mults, t, dig)
-        else:
-            c = crc_update(c, data, lo, lo + k * rec_bytes, t)
-            if v2:
-                if dig.shape[0] < k:
-                    dig = np.empty(2 * k, np.uint64)
-                for j in range(k):
-                    dig[j] = row_digest(data, words, lo + j * rec_bytes, rec_bytes, mults)
-        if v2:  # every row's own digest: a damaged row (or stamp) is flagged alone
-            for j in range(i, i + k):
-                if dig[j - i] != seq[j] >> np.uint64(32):
-                    located += 1
-                    if not first_only:
-                        bad[j] = 1
-        if c != crcs[i] and located == 0:  # format 1, or the damage is in the group's shared stamps
-            located = k
-            if not first_only:
+            confirmed = _group_crc(s, i, first_seq, k, data, words, records_offset, rec_bytes, t, v2, mults,
+                                   dig) == c
+        if not confirmed and i + 1 < stop:  # row i's own stamp may be the damaged one
+            k2 = np.int64(glens[i + 1])
+            c2 = crcs[i + 1]
+            if (k2 != k or c2 != c) and k2 >= 2 and i + k2 <= usable and i + k2 <= stop:
+                if dig.shape[0] < k2:
+                    dig = np.empty(2 * k2, np.uint64)
+                if _group_crc(s, i, first_seq, k2, data, words, records_offset, rec_bytes, t, v2, mults, dig) == c2:
+                    confirmed = True
+                    k = k2
+                    c = c2
+        if confirmed:
+            if not first_only:  # the records are intact: a row's damaged stamp costs nothing
                 for j in range(i, i + k):
-                    bad[j] = 1
-        if located and first_only:
-            return i  # recovery keeps whole groups
+                    if (not _seq_ok(seq[j], first_seq + j + 1, v2) or crcs[j] != c or np.int64(glens[j]) != k
+                            or (v2 and dig[j - i] != seq[j] >> np.uint64(32))):
+                        bad[j] = 2
+                        if fix.shape[0] > j:
+                            row = np.uint64(first_seq + j + 1)
+                            if v2:
+                                row = (row & np.uint64(0xFFFFFFFF)) | (dig[j - i] << np.uint64(32))
+                            fix[j, 0] = row
+                            fix[j, 1] = np.uint64(c) | (np.uint64(k) << np.uint64(32))
+            i += k
+            continue
+        if first_only:
+            return i
+        if not (k >= 1 and i + k <= usable and i + k <= stop):
+            k = 1
+        if not v2:  # no row digests (format 1): the group is the finest unit
+            for j in range(i, i + k):
+                bad[j] = 1
+            nbad += k
+            i += k
+            continue
+        if dig.shape[0] < k:
+            dig = np.empty(2 * k, np.uint64)
+        _group_crc(s, i, first_seq, k, data, words, records_offset, rec_bytes, t, v2, mults, dig)
+        located = 0
+        consistent = True
+        for j in range(i, i + k):
+            if not _seq_ok(seq[j], first_seq + j + 1, v2) or dig[j - i] != seq[j] >> np.uint64(32):
+                bad[j] = 1
+                located += 1
+            if crcs[j] != c or np.int64(glens[j]) != k:
+                consistent = False
+        if located == 0 and consistent:  # every digest matches a group whose crc does not
+            for j in range(i, i + k):
+                bad[j] = 1
+            located = k
         nbad += located
         i += k
     return stop if first_only else nbad

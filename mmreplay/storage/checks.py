@@ -16,9 +16,10 @@ Invariants:
   ``Checker``'s background thread; ``ReplayStore.wait_checked`` waits for it). Rows of open
   segments are served as their writer published them (the writer computed their checksums from
   the bytes it wrote) and, after a crash, only once recovery has checked them;
-* damaged rows are excluded one by one (format 2 segments: a failed commit group crc is located
+* damaged rows are **masked** one by one (format 2 segments: a failed commit group crc is located
   by the row digests, ``format.py``; format 1 segments: a whole commit group, the rows one
-  append published), with every transition or window that needs them (``damage_patch``);
+  append published): their bytes stay in the file, excluded from every view, and every
+  transition or window that needs one is left out, never shortened or clamped (``damage_patch``);
 * the check never changes the file: exclusion is a patch of the reader's private copy-on-write
   view of it.
 
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import IS_LAST, Header, Layout, digest_multipliers, kernel
+from .format import IS_LAST, MASKED, Header, Layout, digest_multipliers, kernel
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -66,8 +67,27 @@ def _seed(h: Header) -> np.ndarray:
 def scan(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, stop: int, *,
          first_only: bool = False) -> np.ndarray | int:
     """Damaged rows of ``[start, stop)`` as a bool mask over the segment's slots, or with
-    ``first_only`` the first damaged slot (``stop`` if none). ``stamps``: the segment's stamp
-    column; ``data``: a buffer of the whole file."""
+    ``first_only`` the first slot of the first group not proven intact (``stop`` if none).
+    ``stamps``: the segment's stamp column; ``data``: a buffer of the whole file."""
+    if first_only:
+        return int(_scan(h, layout, stamps, data, start, stop, True)[0])
+    return scan_rows(h, layout, stamps, data, start, stop)[0]
+
+
+def scan_rows(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, stop: int, *,
+              fix: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(damaged, stamp_damaged, fixes)``: bool masks over the slots of the rows of ``[start,
+    stop)`` whose records cannot be trusted (left out), and of the other rows whose own stamp is
+    damaged although their commit group's crc32c proves their records intact (kept; ``verify``
+    reports them); with ``fix``, the stamps those rows should hold (uint64 ``(slots, 2)``, as
+    the writer stamped them: ``verify --repair`` writes them back)."""
+    fixes = np.zeros((layout.segment_records if fix else 0, 2), np.uint64)
+    _, bad = _scan(h, layout, stamps, data, start, stop, False, fixes)
+    return bad == 1, bad == 2, fixes if fix else None
+
+
+def _scan(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, stop: int,
+          first_only: bool, fix: np.ndarray | None = None) -> tuple[int, np.ndarray]:
     k = kernel()
     buf = np.frombuffer(data, np.uint8)
     bad = np.zeros(layout.segment_records, np.uint8)
@@ -75,8 +95,8 @@ def scan(h: Header, layout: Layout, stamps: np.ndarray, data: Any, start: int, s
     words = buf[: len(buf) // 8 * 8].view("<u8")
     out = k.scan_groups(stamps["seq"], stamps["crc"], stamps["glen"], buf, words, layout.records_offset, layout.record_bytes,
                         h.first_seq, h.usable_records, start, stop, _seed(h), k.TABLE, bad, first_only,
-                        h.format_version >= 2, mults)
-    return int(out) if first_only else bad.view(np.bool_)
+                        h.format_version >= 2, mults, np.zeros((0, 2), np.uint64) if fix is None else fix)
+    return int(out), bad
 
 
 def to_ranges(slots: np.ndarray) -> tuple[tuple[int, int], ...]:
@@ -98,33 +118,28 @@ def from_ranges(ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class DamagePatch:
-    """How damaged rows are kept out of every view of a segment with ``lanes`` lanes."""
+    """How damaged rows are kept out of every view of a segment: they are **masked**."""
 
     zero: np.ndarray
-    """Damaged slots: their records are zeroed and flagged ``is_last`` (never a start, never
-    read as anyone's next row: the row before each is flagged too)."""
-    last: np.ndarray
-    """Every slot flagged ``is_last``: the damaged ones and, for each, the row before it in its
-    lane. A damaged row then cuts its episode: the part before ends there (a window stops, as at
-    a truncation), the part after starts fresh (frame stacks clamp)."""
-    cut_pred: bool
-    """A damaged row lies in the first ``lanes`` slots: the row before it is in the previous
-    segment of the chain, so the link to that segment is cut instead."""
+    """The masked slots (sorted): in the reader's copy-on-write view their records are zeroed
+    and their ``is_last`` byte is ``format.MASKED``. Nothing else changes: no episode boundary is
+    made up around them. A masked row starts nothing, and every window that needs it (the next
+    row of a transition, an n-step window, a frame stack, a sequence) is left out by the view
+    kernels, which test that byte; the rows around it keep their own flags."""
 
 
-def damage_patch(bad: np.ndarray, lanes: int) -> DamagePatch:
-    """The patch for damaged ``bad`` slots (sorted) of a segment with ``lanes`` lanes."""
-    bad = np.asarray(bad, np.int64)
-    pred = bad - lanes
-    pred = pred[(pred >= 0) & ~np.isin(pred, bad)]
-    return DamagePatch(bad, np.union1d(bad, pred), bool(len(bad) and bad[0] < lanes))
+def damage_patch(bad: np.ndarray, lanes: int = 1) -> DamagePatch:
+    """The patch for damaged ``bad`` slots of a segment (``lanes``: kept for callers that pass
+    it; the patch no longer depends on the layout of lanes)."""
+    return DamagePatch(np.unique(np.asarray(bad, np.int64)))
 
 
 def apply_patch(p: DamagePatch, layout: Layout, buf: np.ndarray) -> None:
-    """Zero the damaged records of a segment file's bytes ``buf`` and flag the patch's rows ``is_last``."""
+    """Zero the masked records of a segment file's bytes ``buf`` and set their ``is_last`` byte to
+    ``MASKED``."""
     recs = buf[layout.records_offset : layout.records_offset + layout.segment_records * layout.record_bytes]
     recs.reshape(layout.segment_records, layout.record_bytes)[p.zero] = 0
-    buf[layout.column(IS_LAST).offset + p.last * layout.record_bytes] = 1
+    buf[layout.column(IS_LAST).offset + p.zero * layout.record_bytes] = MASKED
 
 
 def wait_checked(store: ReplayStore, timeout: float | None) -> bool:
@@ -178,6 +193,7 @@ class Checker:
         self.writable = writable
         """Results are recorded in the catalog (else only in this process's memory)."""
         self._records: dict[str, Any] = {}
+        self._live: dict[str, int] = {}
         self._catalog_size: tuple[int, int] = (-1, -1)  # (inode, size) of the catalog when last read
         self._running = False
         self._cv = threading.Condition()
@@ -202,18 +218,35 @@ class Checker:
         if name in self.written:
             return from_ranges(())
         if name not in self._records:
-            try:
-                st = os.stat(self.catalog.path)
-                size = (st.st_ino, st.st_size)  # a compaction makes a new file (catalog.py)
-            except FileNotFoundError:
-                size = (0, 0)
-            if size != self._catalog_size:  # reread only when someone appended or compacted
-                self._records = self.catalog.read().checks if size[1] else {}
-                self._catalog_size = size
+            self._reread()
         rec = self._records.get(name)
         if rec is None or tuple(rec.identity) != tuple(ident):
             return None
         return from_ranges(rec.bad)
+
+    def _reread(self) -> None:
+        """Read the catalog again if someone appended to it or compacted it since."""
+        try:
+            st = os.stat(self.catalog.path)
+            size = (st.st_ino, st.st_size)  # a compaction makes a new file (catalog.py)
+        except FileNotFoundError:
+            size = (0, 0)
+        if size != self._catalog_size:
+            state = self.catalog.read() if size[1] else None
+            self._records = state.checks if state is not None else {}
+            self._live = state.live if state is not None else {}
+            self._catalog_size = size
+
+    def catalogued_rows(self, name: str) -> int | None:
+        """The rows the catalog records segment ``name`` sealed with (None if it has no record):
+        the count of a sealed segment whose control page is damaged."""
+        self._reread()
+        return self._live.get(name)
+
+    def acknowledged(self, name: str, ident: tuple[int, ...]) -> bool:
+        """A repair masked the damaged rows of this very file (``known`` read the catalog)."""
+        rec = self._records.get(name)
+        return rec is not None and rec.masked and tuple(rec.identity) == tuple(ident)
 
     def run(self, job: _Job) -> tuple[tuple[int, ...] | None, np.ndarray | str]:
         """Check one segment now: ``(identity, damaged slots)``, or ``(None, why)`` if it cannot be read."""

@@ -63,6 +63,10 @@ STATE_SEALED = 2
 STATE_NAMES = {STATE_OPEN: "open", STATE_SEALED: "sealed"}
 
 IS_LAST = "is_last"
+MASKED = 2
+"""The ``is_last`` byte of a masked row in a reader's patched view (``checks.DamagePatch``): the
+row's bytes are present but excluded. Files only ever hold 0 or 1 there; every reader of the
+flag tests it as a byte (``== 0``: an ordinary row, ``== 1``: an episode's final observation)."""
 STAMPS = "_stamps"
 STAMP_DTYPE = np.dtype([("seq", "<u8"), ("crc", "<u4"), ("glen", "<u4")])
 
@@ -227,12 +231,13 @@ class Header:
         )
         if magic != MAGIC:
             raise CorruptSegmentError(f"{path}: bad magic {magic!r}, not an mmreplay segment")
+        (crc,) = _HEADER_CRC.unpack_from(buf, _HEADER.size)
+        if crc != crc32c(body) or hsize != HEADER_SIZE:  # checked first: a flipped bit in the version is damage
+            newer = "" if version in READ_VERSIONS else f" (or format version {version}, which this mmreplay cannot read)"
+            raise CorruptSegmentError(f"{path}: header checksum mismatch{newer}")
         if version not in READ_VERSIONS:
             raise FormatVersionError(f"{path}: format version {version}, this mmreplay reads versions "
                                      f"{', '.join(map(str, READ_VERSIONS))}")
-        (crc,) = _HEADER_CRC.unpack_from(buf, _HEADER.size)
-        if crc != crc32c(body) or hsize != HEADER_SIZE:
-            raise CorruptSegmentError(f"{path}: header checksum mismatch")
         return cls(uuid, sid, wid, lanes, epoch, chain, first, shash, srec, urec, fsize, ctime, version)
 
 

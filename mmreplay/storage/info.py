@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import STAMP_DTYPE, STATE_NAMES, STATE_SEALED
+from .format import MASKED, STAMP_DTYPE, STATE_NAMES, STATE_SEALED
 from ..core.fs import MADV_DONTNEED, MADV_SEQUENTIAL
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
     r = store.reader
     s = r.snapshot
     segs = [r.segments[int(sid)] for sid in s.segment_ids]  # in id order; unreadable ones left out
-    transitions = 0
+    transitions = left_out = 0
     ends = {"terminated": 0, "truncated": 0, "incomplete": 0}
     flags = "terminated" in store.schema and "truncated" in store.schema
     size = store.layout.file_size
@@ -32,7 +32,9 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         mapped = m.header.segment_id not in r.pinned  # a RAM copy (tiers.py) is left alone
         if mapped:
             r.region.advise(m.window, size, MADV_SEQUENTIAL)
-        transitions += int(store.valid_transition_mask(k).sum())
+        valid, blocked = _transition_starts(store, k)
+        transitions += int(valid.sum())
+        left_out += int(blocked.sum())
         if flags:
             _count_episode_ends(store, k, ends)
         if mapped:
@@ -51,6 +53,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "schema": [{"name": f.name, "dtype": str(f.dtype), "shape": list(f.shape)} for f in store.schema.fields],
         "rows": int(s.total_rows),
         "transitions": transitions,
+        "transitions_left_out": left_out,  # one-step transitions whose next row is masked (damaged)
         "episodes": ends["terminated"] + ends["truncated"],
         "episodes_terminated": ends["terminated"],
         "episodes_truncated": ends["truncated"],
@@ -79,13 +82,25 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
     }
 
 
+def _transition_starts(store: ReplayStore, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which committed rows of snapshot segment ``k`` start a one-step transition, and which would
+    but for their next row being masked (a damaged row: the transition is left out)."""
+    r = store.reader
+    slot = np.arange(int(r.snapshot.committed[k]))
+    kk = np.full_like(slot, k)
+    ok, nk, ns = r.successors(kk, slot)
+    ok &= r.flag_bytes(kk, slot) == 0
+    nxt = r.flag_bytes(nk, ns)
+    return ok & (nxt != MASKED), ok & (nxt == MASKED)
+
+
 def _count_episode_ends(store: ReplayStore, k: int, ends: dict[str, int]) -> None:
     """Add the episodes whose last step lies in snapshot segment ``k``: terminated, truncated
     (time limits, and runs that ended mid-episode), and incomplete (the next row of the lane is the
     final observation but the step is neither: a writer killed, or a run stopped, mid-episode)."""
     r, snap = store.reader, store.reader.snapshot
     w, n = int(snap.windows[k]), int(snap.committed[k])
-    here_last = r.is_last[w, :n]
+    here_last = r.is_last[w, :n] != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
     term = r.columns["terminated"][w, :n] & ~here_last
     trunc = r.columns["truncated"][w, :n] & ~here_last & ~term
     ends["terminated"] += int(term.sum())
@@ -93,7 +108,7 @@ def _count_episode_ends(store: ReplayStore, k: int, ends: dict[str, int]) -> Non
     slot = np.arange(n)
     ok, k2, s2 = r.successors(np.full_like(slot, k), slot)
     next_last = np.zeros(n, np.bool_)
-    next_last[ok] = r.is_last[snap.windows[k2[ok]], s2[ok]]
+    next_last[ok] = r.is_last[snap.windows[k2[ok]], s2[ok]] == 1
     ends["incomplete"] += int((next_last & ~here_last & ~term & ~trunc).sum())
 
 

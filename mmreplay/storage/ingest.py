@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c as _crc32c
 import numpy as np
 
-from .checks import identity
+from .checks import identity, to_ranges
 from .format import STATE_SEALED, Header, group_seed
 from ..core.fs import fsync_dir
 from ..core.errors import SchemaError, StoreLockedError
@@ -75,11 +75,16 @@ def make_header(store: ReplayStore, *, segment_id: int, writer_id: int, lanes: i
     )
 
 
-def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.ndarray], is_last: np.ndarray) -> Path:
+def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.ndarray], is_last: np.ndarray,
+                  masked: np.ndarray | None = None) -> Path:
     """Write ``len(is_last)`` rows as a new sealed, durable segment with ``header``; returns its path.
 
     ``fields`` holds every schema field with leading dimension ``n`` (rows in the segment's
     ``(time, lane)`` order). An existing segment file of the same name is replaced atomically.
+    ``masked``: rows that were damaged in the source (bool, ``n``): they are written zeroed and
+    **unstamped**, so every check of this file, in any copy of it, fails them (masked again),
+    and recorded in the catalog as masked (acknowledged where they were found). The other rows
+    are stamped as commit groups, one per run between masked rows.
     """
     n = len(is_last)
     if not 0 < n <= header.usable_records:
@@ -93,11 +98,17 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
         for key, x in arrays.items():
             seg.columns[key][:n] = x
         seg.is_last[:n] = is_last
-        seq1 = header.first_seq + 1
-        crc = group_seed(header, 0, seq1, n)
-        lo, hi = store.layout.records_span(0, n)
-        crc = _crc32c.crc32c(seg.view[lo:hi], crc)
-        seg.stamp(0, n, crc | (n << 32))
+        bad = np.flatnonzero(masked) if masked is not None else np.zeros(0, np.int64)
+        if len(bad):
+            seg.records[bad] = np.zeros(1, seg.records.dtype)
+        edges = np.concatenate([[-1], bad, [n]])
+        for a, b in zip(edges[:-1] + 1, edges[1:]):  # each run of rows between masked ones: one group
+            a, b = int(a), int(b)
+            if b > a:
+                crc = group_seed(header, a, header.first_seq + a + 1, b - a)
+                lo, hi = store.layout.records_span(a, b)
+                crc = _crc32c.crc32c(seg.view[lo:hi], crc)
+                seg.stamp(a, b, crc | ((b - a) << 32))
         off = store.layout.stamps_offset
         seal_crc = _crc32c.crc32c(seg.view[off : off + 16 * n])
         seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seal_crc)
@@ -108,8 +119,8 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
     seg.close(fdatasync=True)
     os.rename(stage / name, store.segments_dir / name)
     fsync_dir(store.segments_dir)
-    try:  # stamped and checksummed here from the rows given: checked (``checks.py``)
-        store.catalog.checked(name, identity(os.stat(store.segments_dir / name)), ())
+    try:  # stamped and checksummed here from the rows given: checked (``checks.py``), masked rows masked
+        store.catalog.checked(name, identity(os.stat(store.segments_dir / name)), to_ranges(bad), masked=bool(len(bad)))
     except OSError:
         pass  # the first reader checks it
     return store.segments_dir / name

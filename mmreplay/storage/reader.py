@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, STAMPS, STATE_SEALED, Header, Layout, kernel,
-                     read_control, seq_matches)
+from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS, STATE_SEALED, Header, Layout,
+                     kernel, read_control, seq_matches)
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
 from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
 from .table import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID, SEG_LANES, SEG_PRED,
-                    SEG_SUCC, SEG_USABLE, Snapshot, index_draws, recount)
+                    SEG_SUCC, SEG_USABLE, PRED_GONE, Snapshot, index_draws, recount)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -84,7 +84,7 @@ class StoreReader:
     """Maps a store's segments and gathers rows by id. Owned by ``ReplayStore``."""
 
     def __init__(self, segments_dir: Path, layout: Layout, store_uuid: bytes, schema_hash: int, *,
-                 initial_windows: int = 16, on_corrupt: str = "raise", verify: str = "off",
+                 initial_windows: int = 16, on_corrupt: str = "skip", verify: str = "off",
                  checker: Checker | None = None) -> None:
         self.on_corrupt = on_corrupt
         self.checker = checker
@@ -123,7 +123,9 @@ class StoreReader:
         buf = self.region.buffer
         cols = {}
         for c in self.layout.columns:
-            cols[c.name] = np.ndarray((self.region.slots, self.R, *c.shape), c.dtype, buffer=buf, offset=c.offset,
+            # is_last as bytes: a masked row's is MASKED in a patched view (tests compare the byte)
+            dt = np.dtype(np.uint8) if c.name == IS_LAST else c.dtype
+            cols[c.name] = np.ndarray((self.region.slots, self.R, *c.shape), dt, buffer=buf, offset=c.offset,
                                       strides=c.strides((self.region.slot_bytes,)))
         self.stamps = cols.pop(STAMPS)
         self.is_last = cols.pop(IS_LAST)
@@ -165,13 +167,17 @@ class StoreReader:
             os.close(fd)
         m = _Mapped(name, header, window, 0, 0)
         self._read_control(m)
+        if not m.version and self.checker is not None:  # both control slots damaged
+            rows = self.checker.catalogued_rows(name)
+            if rows is not None:  # sealed, says the catalog: its count is the catalog's, checked below
+                m.committed, m.state = min(rows, header.usable_records), STATE_SEALED
         self._advise(m, first=True)
         if m.state == STATE_SEALED and self.checker is not None:
             bad = self.checker.known(name, ident)
             if bad is None:
                 m.pending = self._unstarted = True
             elif len(bad):
-                self._damaged(m, bad)
+                self._damaged(m, bad, self.checker.acknowledged(name, ident))
         return m
 
     def _map_window(self, m: _Mapped, fd: int) -> None:
@@ -197,14 +203,20 @@ class StoreReader:
         assert m.patch is not None
         write_private(addr, self.layout.file_size, lambda buf: apply_patch(m.patch, self.layout, buf))
 
-    def _damaged(self, m: _Mapped, bad: np.ndarray) -> None:
-        """Exclude ``m``'s damaged slots ``bad`` from this reader's view (see ``checks.py``); ``m``
-        is not in the snapshot yet (never resident)."""
-        m.patch = damage_patch(bad, m.header.lanes)
+    def _damaged(self, m: _Mapped, bad: np.ndarray, acknowledged: bool = False) -> None:
+        """Mask ``m``'s damaged slots ``bad`` in this reader's view (see ``checks.py``); ``m`` is
+        not in the snapshot yet (never resident). ``acknowledged``: a repair masked them already
+        (no warning: ``info`` and ``verify`` count them)."""
+        m.patch = damage_patch(bad)
         self._remap(m)
-        log.warning("%s: %d damaged row(s) (slots %s) fail their stamp or crc32c check; left out of every batch "
-                    "(run `mmreplay verify --repair` to acknowledge them)", self.dir / m.name, len(bad),
-                    ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(bad)[:5]))
+        slots = ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(m.patch.zero)[:5])
+        if acknowledged:
+            log.info("%s: %d row(s) masked by a repair (slots %s) are left out of every batch", self.dir / m.name,
+                     len(m.patch.zero), slots)
+        else:
+            log.warning("%s: %d damaged row(s) (slots %s) fail their stamp or crc32c check; masked: left out of "
+                        "every batch with every window that needs them (`mmreplay verify --repair` records it)",
+                        self.dir / m.name, len(m.patch.zero), slots)
 
     # -- checks ---------------------------------------------------------------------------
     def _run_checks(self) -> bool:
@@ -316,10 +328,10 @@ class StoreReader:
             except FileNotFoundError:
                 continue  # evicted between listing and opening
             except CorruptSegmentError as exc:
-                if self.on_corrupt == "raise":
+                if self.on_corrupt == "raise" or self.verify == "strict":
                     raise
                 self.skipped[name] = str(exc)
-                log.warning("skipping %s", exc)
+                log.warning("left out (its rows are not served; `mmreplay verify --repair` quarantines it): %s", exc)
         self.last_scan = time.monotonic()
 
     def _read_control(self, m: _Mapped) -> None:
@@ -373,14 +385,13 @@ class StoreReader:
             np.int64,
         )
         s.first_seq = np.array([m.header.first_seq for m in ms], np.int64)
+        # the predecessor in the chain; PRED_GONE when the session had one that is not in the snapshot
+        # (evicted, quarantined, not checked yet): a frame stack cannot tell whether its episode went on there
         s.pred = np.array(
-            [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index - 1), -1) for m in ms],
+            [chain.get((m.header.writer_id, m.header.session_epoch, m.header.chain_index - 1),
+                       PRED_GONE if m.header.chain_index else -1) for m in ms],
             np.int64,
         )
-        for k, m in enumerate(ms):  # a damaged row in a segment's first lanes cuts it from its predecessor
-            if m.patch is not None and m.patch.cut_pred and s.pred[k] >= 0:
-                s.succ[s.pred[k]] = -1
-                s.pred[k] = -1
         self.snapshot = s
         self._table = None
 
@@ -494,6 +505,11 @@ class StoreReader:
         cross &= nslot < s.committed[np.maximum(succ, 0)]
         ok = in_seg | cross
         return ok, np.where(in_seg, k, np.maximum(succ, 0)), np.where(in_seg, nxt, np.maximum(nslot, 0))
+
+    def flag_bytes(self, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """The ``is_last`` bytes of rows ``slot`` of segments ``k``: 0, 1 (an episode's final
+        observation) or ``format.MASKED`` (a damaged row, excluded)."""
+        return self.is_last[self.snapshot.windows[k], slot]
 
     def gather(self, name: str, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Rows ``slot`` of segments ``k`` of field ``name`` (a copy)."""

@@ -1,24 +1,32 @@
-"""Recovery: bring segments left OPEN by a dead writer back to their longest valid prefix.
+"""Recovery: bring segments left unfinished by a dead writer back, losing only what it left open.
 
-A segment whose writer died (``kill -9``, power loss) is still OPEN. Its counters are caches;
-the checksummed stamps are the truth (SQLite's wal-index, Kafka's ``LogSegment.recover``):
+A segment whose writer died (``kill -9``, power loss) may still be OPEN. Its counters are caches;
+the checksummed stamps are the truth (SQLite's wal-index, Kafka's ``LogSegment.recover``).
+Recovery works session by session, in chain order, and tells two kinds of segment apart:
 
-1. start at the control slot's ``synced`` count (all rows before it were made durable first);
-2. walk commit groups: a group at slot ``i`` is valid iff every row of it carries
-   ``seq == first_seq + slot + 1`` (its low 32 bits in format 2), the same crc and length, and
-   the crc of its payload, seeded with store/segment/slot/seq/session, matches, and (format 2)
-   every row's digest matches (``_checkkernel``). An all-zero stamp means never written;
-   Groups past ``committed`` were never published: they are dropped (and only when both
-   control slots are damaged is the count rebuilt from the stamps alone);
-3. keep the valid prefix, zero the stamps of the invalid tail (so stale stamps cannot come back),
-   msync, and publish ``committed = synced = prefix`` with state SEALED.
+* **the tail**: the last segment of a session that holds rows, if its control page says OPEN and
+  the catalog has no record of it sealed. This is what a dead writer left open: starting at the
+  control slot's ``synced`` count (all rows before it were made durable first), commit groups
+  are checked (``_checkkernel``) and the segment is cut back to its longest valid prefix of
+  whole groups; groups past ``committed`` were never published and are dropped; the stamps of
+  the invalid tail are zeroed (so stale stamps cannot come back), and the segment is published
+  SEALED with ``committed = synced = prefix``;
+* **every other segment**, whatever its control page says: one the catalog records as sealed,
+  one the session wrote past (a session only moves on from a full segment, so its count is its
+  usable rows), one whose control page is SEALED but not yet synced, one whose two control slots
+  are damaged. Its count comes from the catalog, the chain or the control page, else from the
+  stamps; its rows are checked, and a damaged row is **masked** (left in the file, excluded by
+  every reader: ``checks.py``), never a cut. Its control page is then written again (SEALED,
+  synced) and its check recorded in the catalog.
 
-A SEALED segment whose rows were not yet made durable (``synced < committed``: its writer died
-before the background sync finished, or writes with ``durability="process"``) is checked the
-same way once, by the first ``mode="a"`` open after its writer is gone; recovery then records it
-as synced. Rows published before a ``kill -9`` are always kept (the page cache survives the process); after
-a power loss only rows before ``synced`` are guaranteed. Leftover ``.tmp`` files (a segment being
-created) are removed and ``.deleted`` files (an eviction in progress) are finished.
+So damage in one segment never costs another: no later segment of a session is ever removed
+because an earlier one is damaged, and a sealed segment never loses its good rows. Recovery
+removes a file only when it holds no row (a segment made ahead of need and never written, an
+unfinished creation: ``.tmp`` files and zero headers), or when an eviction already recorded its
+departure (``.deleted``); each removal of a segment is recorded in the catalog first.
+``RecoveryReport.lines()`` says what was done, with the rows lost (a writable open logs them).
+Rows published before a ``kill -9`` are always kept (the page cache survives the process); after
+a power loss only rows before ``synced`` are guaranteed.
 """
 
 from __future__ import annotations
@@ -31,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import PAGE_SIZE, STATE_SEALED, Header, Layout
+from .format import PAGE_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header, Layout
 from ..core.errors import CorruptSegmentError
 from ..core.fs import fsync_dir
 from .segment import Segment, parse_segment_name, read_segment_meta
-from .checks import identity
+from .checks import identity, to_ranges
 from .locks import ALLOC, writer_lock_name
 
 if TYPE_CHECKING:
@@ -46,17 +54,45 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RecoveryReport:
-    """What recovery did: segments sealed, rows dropped, files cleaned, files it could not read."""
+    """What recovery did: segments sealed, rows dropped or masked, files cleaned, files it could not read."""
 
     recovered: dict[str, int] = field(default_factory=dict)
     """segment file -> rows kept."""
     dropped: dict[str, int] = field(default_factory=dict)
-    """segment file -> rows dropped past the valid prefix (published or not)."""
+    """segment file -> rows a dead writer never made durable that fail their checks (its open
+    tail past the valid prefix, or torn rows past the synced point of a segment it wrote past):
+    lost."""
+    masked: dict[str, int] = field(default_factory=dict)
+    """segment file -> damaged rows masked (their bytes stay in the file; never served)."""
     cleaned: list[str] = field(default_factory=list)
+    """Files removed: unfinished creations, finished evictions, segments that never held a row."""
     unreadable: dict[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.recovered or self.cleaned or self.unreadable)
+
+    @property
+    def rows_lost(self) -> int:
+        return sum(self.dropped.values())
+
+    def lines(self) -> list[str]:
+        """One line per thing done, each with the rows it cost."""
+        out = [f"recovered {n}: kept {k:,} rows"
+               + (f", dropped {self.dropped[n]:,} torn or unpublished rows a dead writer never made durable (lost)"
+                  if self.dropped.get(n) else "")
+               + (f", masked {self.masked[n]:,} damaged rows" if self.masked.get(n) else "")
+               for n, k in sorted(self.recovered.items())]
+        out += [f"removed {n} (no row: {_why_clean(n)})" for n in self.cleaned]
+        out += [f"left {n} alone: {why}" for n, why in sorted(self.unreadable.items())]
+        return out
+
+
+def _why_clean(name: str) -> str:
+    if name.endswith(".tmp"):
+        return "an interrupted creation"
+    if name.endswith(".deleted"):
+        return "an interrupted eviction, finished"
+    return "made ahead of need and never written"
 
 
 def valid_prefix(seg: Segment, start: int, stop: int) -> int:
@@ -96,16 +132,15 @@ def recover_segment(seg: Segment) -> tuple[int, int]:
     return n, dropped
 
 
-def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | None = None) -> RecoveryReport:
-    """Recover the segments of ``writer_id`` left unfinished (caller holds that writer's lock).
-
-    Segments are taken session by session in chain order. Once one had to be cut short (its
-    rows never reached the disk whole), every later segment of the same session is removed,
-    like Kafka deleting the log after a truncated segment: a writer's visible rows always stay
-    an exact prefix of what it wrote, never a later stretch without the rows before it.
-    """
+def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | None = None,
+                   catalogued: dict[str, int] | None = None) -> RecoveryReport:
+    """Recover the segments of ``writer_id`` left unfinished (caller holds that writer's lock);
+    see the module docstring. ``catalogued``: the catalog's sealed segments (name -> rows), read
+    once by the caller (else here)."""
     report = report if report is not None else RecoveryReport()
-    sessions: dict[int, list[tuple[int, str, int, int]]] = {}
+    if catalogued is None:
+        catalogued = store.catalog.read().live if store.catalog.path.exists() else {}
+    sessions: dict[int, list[tuple[int, str, Header, Control | None]]] = {}
     for name in os.listdir(store.segments_dir):
         parsed = parse_segment_name(name)
         if parsed is None or parsed[1] != writer_id:
@@ -115,54 +150,102 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
         except FileNotFoundError:
             continue
         try:
-            header, _ = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
+            header, control = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
         except CorruptSegmentError as exc:
-            report.unreadable[name] = str(exc)
+            report.unreadable[name] = str(exc)  # its header is damaged: verify --repair quarantines it
             continue
         finally:
             os.close(fd)
-        sessions.setdefault(header.session_epoch, []).append((header.chain_index, name, header.usable_records, 0))
+        sessions.setdefault(header.session_epoch, []).append((header.chain_index, name, header, control))
     for chain in sessions.values():
-        chain.sort()
-        cut = False
-        for i, (_, name, usable, _) in enumerate(chain):
-            path = store.segments_dir / name
-            if cut:
-                _depart(store, name, lambda p=path: _remove(p))  # rows past a cut: not durable, dropped
-                report.dropped[name] = report.dropped.get(name, 0) + store.segment_state(path)[1]
-                report.cleaned.append(name)
+        chain.sort(key=lambda x: x[0])
+        rows = [_held(store, name, h, c, catalogued) for _, name, h, c in chain]
+        for i, (_, name, h, c) in enumerate(chain):
+            full = any(rows[i + 1:])  # the session wrote past it: it was full
+            if not rows[i] and not full:  # made ahead of need, never written (a spare)
+                if c is None or c.state != STATE_SEALED:
+                    _depart(store, name, lambda p=store.segments_dir / name: _remove(p))
+                    report.cleaned.append(name)
                 continue
-            kept = _recover_one(store, path, name, report)
-            if kept is not None and kept < usable and i + 1 < len(chain):
-                cut = True  # a session only moves on from a full segment: the rest is unreachable
+            if c is not None and c.state == STATE_SEALED and c.synced >= c.committed:
+                continue  # sealed and durable: trusted (checked by the first reader, or verify)
+            tail = not full and name not in catalogued and c is not None and c.state != STATE_SEALED
+            _recover_one(store, name, report, tail=tail,
+                         count=h.usable_records if full else catalogued.get(name, rows[i]))
     return report
 
 
-def _recover_one(store: ReplayStore, path: Path, name: str, report: RecoveryReport) -> int | None:
-    """Recover one segment if it needs it; its row count afterwards (None if unreadable)."""
-    state, committed, synced = store.segment_state(path)
-    if state == STATE_SEALED and synced >= committed:
-        return committed  # sealed and durable: trusted (verify checks it on demand)
+def _held(store: ReplayStore, name: str, h: Header, c: Control | None, catalogued: dict[str, int]) -> int:
+    """Rows a segment holds as far as its records say: the catalog's count, else its control page's,
+    else (both control slots damaged) the extent of its stamped rows."""
+    if name in catalogued:
+        return catalogued[name]
+    if c is not None:
+        return min(c.committed, h.usable_records)
+    try:
+        with open(store.segments_dir / name, "rb") as fh:
+            raw = os.pread(fh.fileno(), 16 * h.usable_records, store.layout.stamps_offset)
+    except FileNotFoundError:
+        return 0
+    st = np.frombuffer(raw, STAMP_DTYPE)
+    want = np.arange(h.first_seq + 1, h.first_seq + len(st) + 1, dtype=np.uint64)
+    ok = (st["seq"] & np.uint64(SEQ_MASK)) == (want & np.uint64(SEQ_MASK)) if h.format_version >= 2 else st["seq"] == want
+    hit = np.flatnonzero(ok)
+    return int(hit[-1]) + 1 if len(hit) else 0
+
+
+def _recover_one(store: ReplayStore, name: str, report: RecoveryReport, *, tail: bool, count: int) -> None:
+    """Recover one segment: a dead writer's open tail is cut back to its valid prefix (``tail``);
+    any other is sealed with ``count`` rows, its damaged rows masked."""
+    path = store.segments_dir / name
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
     except FileNotFoundError:
-        return None
+        return
     except CorruptSegmentError as exc:
         report.unreadable[name] = str(exc)
-        return None
+        return
     try:
-        kept, dropped = recover_segment(seg)
+        torn = damaged = np.zeros(0, np.int64)
+        if tail:
+            kept, dropped = recover_segment(seg)
+            if dropped:
+                report.dropped[name] = dropped
+        else:
+            synced = min(seg.control.synced, count) if seg.control.version else 0
+            kept, bad = seal_checked(seg, count)
+            # rows past the durable point that fail were torn by a power loss (never made durable): lost,
+            # and recorded so; rows before it are durable rows damaged since: masked, for verify to report
+            torn, damaged = bad[bad >= synced], bad[bad < synced]
+            if len(torn):
+                report.dropped[name] = len(torn)
+            if len(damaged):
+                report.masked[name] = len(damaged)
+            kept -= len(bad)
         report.recovered[name] = kept
-        if dropped:
-            report.dropped[name] = dropped
-        log.info("recovered %s: kept %d rows, dropped %d", path, kept, dropped)
+        log.info("recovered %s: kept %d rows, dropped %d, masked %d", path, kept, report.dropped.get(name, 0),
+                 len(damaged))
     finally:
         seg.close(fdatasync=True)
-    try:  # its writer checksummed the rows before ``synced``, recovery checked the rest: checked
-        store.catalog.checked(name, identity(os.stat(path)), ())
+    try:  # every row now checked: remember it for this file (its identity changed with the new control page)
+        bad = np.union1d(torn, damaged)
+        # torn rows alone are acknowledged (recovery reported them lost); damaged durable rows wait for a repair
+        store.catalog.checked(name, identity(os.stat(path)), to_ranges(bad), masked=bool(len(torn)) and not len(damaged))
     except OSError:
         pass  # the first reader checks it
-    return kept
+
+
+def seal_checked(seg: Segment, count: int) -> tuple[int, np.ndarray]:
+    """Seal ``seg`` with ``count`` rows after checking all of them; returns ``(count, damaged
+    slots)``. Damaged rows stay where they are (masked by every reader); no row is cut."""
+    from .checks import scan
+
+    count = min(count, seg.header.usable_records)
+    bad = np.flatnonzero(scan(seg.header, seg.layout, seg.stamps, seg.view, 0, count)).astype(np.int64)
+    seg.sync_rows(0, count)
+    seg.publish(count, synced=count, state=STATE_SEALED, seal_crc=seg.stamps_crc(count))
+    seg.sync_control()
+    return count, bad
 
 
 def _remove(path: Path) -> None:
@@ -216,12 +299,15 @@ def recover_abandoned(store: ReplayStore) -> RecoveryReport:
             _depart(store, name, lambda p=store.segments_dir / name: p.unlink(missing_ok=True))
             report.cleaned.append(name)
     writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})
+    catalogued: dict[str, int] | None = None
     for wid in writers:
         lock = store.lock(writer_lock_name(wid))
         if not lock.acquire(exclusive=True):
             continue  # a live writer owns it
         try:
-            recover_writer(store, wid, report)
+            if catalogued is None:
+                catalogued = store.catalog.read().live if store.catalog.path.exists() else {}
+            recover_writer(store, wid, report, catalogued)
         finally:
             lock.release()
     return report

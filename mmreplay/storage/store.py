@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..core.version import __version__
-from .format import STATE_SEALED, Layout
+from .format import MASKED, STATE_SEALED, Layout
 from ..core.fs import atomic_write, fsync_dir, writable_error
 from .eviction import Doomed
 from ..core.errors import (
@@ -138,14 +138,16 @@ def open_store(
     path: str | os.PathLike[str],
     mode: Literal["r", "a"] = "r",
     *,
-    on_corrupt: Literal["raise", "skip"] = "raise",
+    on_corrupt: Literal["raise", "skip"] = "skip",
     verify: Literal["off", "strict", "salvage"] = "off",
     check_at_open: bool | None = None,
 ) -> ReplayStore:
     """Open an existing store: ``"r"`` to read (no locks, no writes) or ``"a"`` to also write.
 
-    ``on_corrupt``: a segment file with a bad header, wrong size or foreign origin raises
-    ``CorruptSegmentError`` (``"raise"``, the default) or is left out and reported (``"skip"``).
+    ``on_corrupt``: a segment file with a bad header, wrong size or foreign origin is left out
+    and reported (``"skip"``, the default: damage to one file costs that file's rows, never the
+    store; ``info()["unreadable_segments"]`` lists it and ``verify --repair`` quarantines it), or
+    raises ``CorruptSegmentError`` (``"raise"``).
 
     Sealed segments are always checked once before their rows are served (``mmreplay.storage.checks``;
     ``check_at_open``: start those checks at open, the default for ``"r"``, or at the first
@@ -169,7 +171,7 @@ class ReplayStore:
     session with its own lanes and segments. Not to be used after ``fork()``.
     """
 
-    def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "raise",
+    def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "skip",
                  verify: Literal["off", "strict", "salvage"] = "off", check_at_open: bool | None = None) -> None:
         self.path = path
         self.mode = mode
@@ -197,6 +199,7 @@ class ReplayStore:
             from .recovery import recover_abandoned
 
             self.recovery_report = recover_abandoned(self)
+            _say_recovered(path, self.recovery_report)
         windows = max(16, 2 * (-(-self.capacity // self.segment_records)) + 8)
         checker = Checker(self.segments_dir, self.layout, self.store_uuid, self.schema.hash, self.catalog,
                           writable=mode == "a")
@@ -383,11 +386,10 @@ class ReplayStore:
 
     def valid_transition_mask(self, k: int) -> np.ndarray:
         """Which committed rows of snapshot segment ``k`` start a sampleable transition."""
-        r, s = self.reader, self.reader.snapshot
-        slot = np.arange(int(s.committed[k]))
-        kk = np.full_like(slot, k)
-        ok, _, _ = r.successors(kk, slot)
-        return ok & ~r.is_last[int(s.windows[k]), : len(slot)]
+        from .view import locate_transitions
+
+        slot = np.arange(int(self.reader.snapshot.committed[k]))
+        return locate_transitions(self, np.full_like(slot, k), slot)[0]
 
     def refresh_if_stale(self, interval_s: float) -> None:
         """Refresh when the last directory scan is older than ``interval_s`` or a writer of this
@@ -420,20 +422,29 @@ class ReplayStore:
         return transitions(self, k, slot, np.asarray(ids, np.int64))
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
-        """Field ``name`` of the rows with global ids ``ids`` (a copy)."""
+        """Field ``name`` of the rows with global ids ``ids`` (a copy); ``KeyError`` if one is not
+        visible or is masked (a damaged row: its bytes are never served)."""
         self._check()
         k, slot = self.reader.locate(ids)
+        flags = self.reader.flag_bytes(k, slot)
+        if (flags == MASKED).any():
+            bad = np.asarray(ids, np.int64)[flags == MASKED][:5]
+            raise KeyError(f"row ids {bad.tolist()} are masked (damaged rows are never served; `mmreplay info` counts them)")
         if name == "is_last":
-            return self.reader.is_last[self.reader.snapshot.windows[k], slot]
+            return flags == 1
         return self.reader.gather(name, k, slot)
 
-    def verify(self, *, fast: bool = False) -> list[Any]:
-        """Check every segment's header, stamps and checksums; returns the problems found
-        (``mmreplay.storage.verify.Problem``: file, slot, reason). Writes nothing, takes no locks."""
+    def verify(self, *, fast: bool = False, notes: list[Any] | None = None) -> list[Any]:
+        """Check every segment's header, control slots, stamps and checksums; returns the problems
+        found (``mmreplay.storage.verify.Problem``: file, slot, reason; an empty list means clean).
+        ``fast``: a sealed segment's stamp column is compared with its seal, its payload is not
+        read. Findings that cost nothing (leftovers the next writable open finishes, a damaged
+        control slot whose twin holds the count) are appended to ``notes`` when given. Writes
+        nothing, takes no locks."""
         from .verify import verify_store
 
         self._check()
-        return verify_store(self, fast=fast)
+        return verify_store(self, fast=fast, notes=notes)
 
     def masked_rows(self) -> int:
         """Damaged rows a repair masked (in files unchanged since): left out of every batch."""
@@ -442,18 +453,20 @@ class ReplayStore:
         self._check()
         return masked_rows(self)
 
-    def repair(self) -> tuple[list[str], list[Any]]:
-        """Run recovery, mask damaged rows (their segments' good rows are kept) and quarantine
-        segments whose header or control page is damaged as ``.corrupt`` (``mode="a"``, no live
-        writer). Returns the actions taken and the problems left."""
+    def repair(self) -> Any:
+        """Run recovery, write back damaged stamps and control slots, mask damaged rows (their
+        segments' good rows are kept) and quarantine segments whose header is damaged as
+        ``.corrupt`` (``mode="a"``, no live writer). Returns a
+        :class:`mmreplay.storage.verify.RepairReport`: the actions taken, the rows masked,
+        quarantined and lost, and the problems left."""
         from .verify import repair_store
 
         self._check()
         if self.mode != "a":
             raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; repair needs mode='a'")
-        actions, left = repair_store(self)
+        report = repair_store(self)
         self.refresh()
-        return actions, left
+        return report
 
     def record_provenance(self, record: dict[str, Any], name: str | None = None) -> str:
         """Write (or rewrite) one JSON provenance record, e.g. a collect run's env id, seeds and policy.
@@ -480,6 +493,17 @@ class ReplayStore:
 
         self._check()
         return store_info(self)
+
+
+def _say_recovered(path: Path, report: Any) -> None:
+    """One line for what recovery did when it cost or removed anything (rows lost, masked, files)."""
+    lost, masked = report.rows_lost, sum(report.masked.values())
+    if lost or masked or report.cleaned:
+        log.warning("%s: recovery after an unclean stop: %d segment(s) recovered, %d row(s) lost (torn or "
+                    "unpublished in a dead writer's open segment), %d damaged row(s) masked, %d file(s) holding no "
+                    "row removed", path, len(report.recovered), lost, masked, len(report.cleaned))
+    for line in report.lines():
+        log.info("%s: %s", path, line)
 
 
 def validate_writer_args(store: ReplayStore, lanes: Any, durability: str, cast: str, nonfinite: str,

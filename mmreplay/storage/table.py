@@ -21,6 +21,9 @@ SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, S
 # the draw index: bucket b (rows [b << shift, (b + 1) << shift) of the cumulative order) starts in
 # the segment at row b // SEG_NBUCKETS, column SEG_BUCKET + b % SEG_NBUCKETS; every row holds shift
 SEG_SHIFT, SEG_BUCKET, SEG_NBUCKETS = 9, 10, 4
+PRED_GONE = -2
+"""``SEG_PRED`` (and ``Snapshot.pred``) of a segment whose session had an earlier segment that is
+not in the snapshot (evicted, quarantined, not checked yet); -1 means the session starts here."""
 SEG_COLS = SEG_BUCKET + SEG_NBUCKETS
 
 
@@ -76,7 +79,8 @@ class Snapshot:
     succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Index of the next segment of the same writer session, or -1."""
     pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """Index of the previous segment of the same writer session (-1 if none or evicted)."""
+    """Index of the previous segment of the same writer session (-1 if none: the session starts
+    here; ``PRED_GONE`` if it had one that is not in the snapshot)."""
     first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Writer-session row number of each segment's slot 0."""
     cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

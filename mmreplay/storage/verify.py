@@ -1,35 +1,44 @@
-"""verify: check a store's files without changing them, and repair what recovery can.
+"""verify: check a store's files without changing them, and repair what can be repaired.
 
 Checks, per segment file: header (magic, version, crc, store uuid, schema hash, size before
-mapping), the name against the header, the control slots, and the rows: every commit group's
-stamps and crc32c up to the committed count, all of them (each damaged run of rows is one
-problem; ``fast=True`` checks only the crc over the stamp column recorded at seal). An OPEN
-segment whose writer is alive is checked up to its committed count; one whose writer is dead is
-reported as needing recovery. Leftover ``.tmp`` and ``.deleted`` files are reported, and so is
-every segment the catalog (``catalog.py``) lists as sealed and never evicted whose file is gone.
-Damaged rows that a repair masked (below) are not problems while the file is unchanged:
-``masked_rows`` counts them. Verification takes no locks and writes nothing.
+mapping), the name against the header, the two control slots (and the count against the
+catalog's for a sealed segment), and the rows: every commit group's stamps and crc32c up to the
+committed count (``checks.scan_rows``), each damaged run of rows one problem. ``fast=True`` reads
+only the stamp column of a sealed segment and compares its crc with the one recorded at seal;
+where it differs the segment is checked in full. Every segment the catalog (``catalog.py``) lists
+as sealed and never evicted whose file is gone is a problem (**lost** rows).
 
-``repair`` takes the admin lock (no writer may be active), runs recovery (dead writers' open
-segments are cut back to their valid prefix and sealed, leftovers removed), **masks** damaged
-rows of segments whose header and control page are sound (a ``masked`` catalog line: every good
-row stays, row ids and saved priorities stay valid, readers leave the masked rows out), and
-quarantines a segment whose header or control page is damaged by renaming it to ``.corrupt``
-(never deleting it).
+Words: a row is **masked** when its bytes are present but excluded from every view (a damaged
+row; ``checks.py``); **lost** when no file holds it any more. Problems are findings that cost
+rows or need a repair; **notes** (``verify_store(notes=...)``) are findings that cost nothing:
+leftovers of an interrupted creation or eviction (the next writable open finishes them), a
+quarantined file, a damaged control slot whose twin holds the count. Damaged rows that a repair
+masked are not problems while the file is unchanged: ``masked_rows`` counts them. Verification
+takes no locks and writes nothing.
+
+``repair_store`` takes the admin lock (no writer may be active), runs recovery (``recovery.py``:
+dead writers' open tails are cut back to their valid prefix, every other unfinished segment is
+sealed with its damaged rows masked), writes back damaged stamps of rows whose records their
+commit group's crc32c proves intact and damaged control slots (from the twin slot or the
+catalog), **masks** damaged rows (a ``masked`` catalog line: every good row stays, row ids and
+saved priorities stay valid), and **quarantines** a segment whose header is damaged by renaming
+it to ``.corrupt`` (recorded in the catalog first, never deleted). It never removes a file that
+holds a row; it says what it did, with the rows masked, quarantined and lost, in
+``RepairReport``. A second repair finds nothing to do.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .catalog import SegmentRecord
-from .checks import from_ranges, identity, scan, to_ranges
-from .format import STATE_SEALED
+from .checks import from_ranges, identity, scan_rows, to_ranges
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, unpack_control_slot
 from ..core.errors import CorruptSegmentError, StoreLockedError
 from .segment import Segment, parse_segment_name
 from .locks import ADMIN, writer_lock_name
@@ -46,31 +55,66 @@ class Problem:
     slot: int | None
     reason: str
     rows: tuple[tuple[int, int], ...] = ()
-    """Damaged rows as ``[start, stop)`` slot ranges (a row-level problem a repair can mask)."""
+    """Damaged rows as ``[start, stop)`` slot ranges (a row-level problem a repair masks)."""
+    fix: str = ""
+    """What a repair does about it: ``"mask"``, ``"stamps"`` (write the stamps back), ``"control"``
+    (write the control page back), ``"quarantine"``, ``"lost"`` (acknowledge), or ``""``."""
 
     def __str__(self) -> str:
         where = f"{self.file}" + (f" slot {self.slot}" if self.slot is not None else "")
         return f"{where}: {self.reason}"
 
 
-def verify_store(store: ReplayStore, *, fast: bool = False) -> list[Problem]:
-    """Every problem found in ``store``'s segment files (an empty list means clean)."""
+@dataclass
+class RepairReport:
+    """What ``verify --repair`` did."""
+
+    actions: list[str] = field(default_factory=list)
+    """One line per thing done."""
+    problems: list[Problem] = field(default_factory=list)
+    """Problems left after the repair (a verify run after it)."""
+    rows_masked: int = 0
+    """Damaged rows masked by this repair (their bytes stay in the file, never served)."""
+    rows_quarantined: int = 0
+    """Rows of the segments quarantined (their files kept as ``.corrupt``, no longer served)."""
+    rows_lost: int = 0
+    """Rows no file holds any more: a dead writer's torn or unpublished tail, files found gone."""
+
+    @property
+    def rows_cost(self) -> int:
+        """Rows the store no longer serves because of what this repair found (quarantined or lost)."""
+        return self.rows_quarantined + self.rows_lost
+
+
+def verify_store(store: ReplayStore, *, fast: bool = False, notes: list[Problem] | None = None) -> list[Problem]:
+    """Every problem found in ``store``'s segment files (an empty list means clean); findings that
+    cost nothing are appended to ``notes`` when given."""
     problems: list[Problem] = []
-    masks = _masks(store)
+    notes = notes if notes is not None else []
+    state = store.catalog.read() if store.catalog.path.exists() else None
+    masks = {n: r for n, r in state.checks.items() if r.masked} if state is not None else {}
+    live = state.live if state is not None else {}
     for name in sorted(os.listdir(store.segments_dir)):
-        if name.endswith((".tmp", ".deleted")):
-            problems.append(Problem(name, None, "leftover of an interrupted creation or eviction"))
+        if name.endswith(".tmp"):
+            notes.append(Problem(name, None, "leftover of an interrupted segment creation (no row; the next writable "
+                                             "open removes it)"))
+            continue
+        if name.endswith(".deleted"):
+            notes.append(Problem(name, None, "leftover of an interrupted eviction (the next writable open finishes "
+                                             "it)"))
             continue
         if name.endswith(".corrupt"):
-            continue  # already quarantined
+            notes.append(Problem(name, None, "quarantined by a repair (kept as a file, not served)"))
+            continue
         parsed = parse_segment_name(name)
         if parsed is None:
             problems.append(Problem(name, None, "not a segment file name"))
             continue
-        problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast, masks=masks))
-    for name, rows in sorted(store.lost_segments().items()):
+        problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast, masks=masks, live=live,
+                                        notes=notes))
+    for name, rows in sorted(store.lost_segments(state).items()):
         problems.append(Problem(name, None, f"lost: the catalog lists it sealed with {rows} rows, and its file is "
-                                            "gone (it was not evicted)"))
+                                            "gone (it was not evicted)", fix="lost"))
     return problems
 
 
@@ -93,72 +137,121 @@ def masked_rows(store: ReplayStore) -> int:
     return total
 
 
+def _slots_damaged(seg: Segment) -> list[int]:
+    """Control slots that hold bytes but fail their crc (an all-zero slot was never written)."""
+    raw = bytes(seg.view[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE])
+    return [i for i in (0, 1) if any(raw[i * CONTROL_SLOT_SIZE : (i + 1) * CONTROL_SLOT_SIZE])
+            and unpack_control_slot(raw[i * CONTROL_SLOT_SIZE : (i + 1) * CONTROL_SLOT_SIZE]) is None]
+
+
+def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
+    return ", ".join(f"{a}-{b - 1}" for a, b in ranges[:5]) + (f" and {len(ranges) - 5} more" if len(ranges) > 5 else "")
+
+
 def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, fast: bool,
-                    masks: dict[str, SegmentRecord]) -> list[Problem]:
+                    masks: dict[str, SegmentRecord], live: dict[str, int], notes: list[Problem]) -> list[Problem]:
     name = path.name
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
     except CorruptSegmentError as exc:
-        return [Problem(name, None, str(exc).removeprefix(f"{path}: "))]
+        rows = f"its {live[name]:,} rows" if name in live else "its rows"
+        return [Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: {rows} are not served "
+                                    "(`verify --repair` quarantines the file)", fix="quarantine")]
     except FileNotFoundError:
         return []  # evicted meanwhile
     try:
         h = seg.header
         if (h.segment_id, h.writer_id) != parsed:
-            return [Problem(name, None, f"header says segment {h.segment_id} of writer {h.writer_id}")]
+            return [Problem(name, None, f"header says segment {h.segment_id} of writer {h.writer_id}",
+                            fix="quarantine")]
         c = seg.control
+        out: list[Problem] = []
         if c.version == 0:
-            return [Problem(name, None, "both control slots are damaged (recovery rebuilds the count from stamps)")]
-        if c.state != STATE_SEALED:
-            lock = store.lock(writer_lock_name(h.writer_id))
-            if store.mode == "a" and lock.acquire(exclusive=True):
-                lock.release()
-                return [Problem(name, None, "open segment of a dead writer: needs recovery")]
-        n = min(c.committed, h.usable_records)
-        if fast and c.state == STATE_SEALED:
-            crc = seg.stamps_crc(n)
-            return [] if crc == c.seal_crc else [Problem(name, None, "crc of the stamp column does not match the seal")]
-        bad = np.flatnonzero(scan(h, store.layout, seg.stamps, seg.view, 0, n))
-        if not len(bad):
-            return []
-        mask = masks.get(name)
-        if mask is not None and tuple(mask.identity) == identity(os.fstat(seg.fileno())) \
-                and np.isin(bad, from_ranges(mask.bad)).all():
-            return []  # acknowledged by a repair, and left out by every reader
-        return [Problem(name, a, f"rows {a}-{b - 1} fail their stamp or crc32c check ({b - a} of {n} committed rows; "
-                                 "left out of every batch)", ((a, b),))
-                for a, b in to_ranges(bad)]
+            if name not in live:
+                return [Problem(name, None, "both control slots are damaged and the catalog has no record of it: "
+                                            "the next writable open rebuilds its count from its stamps")]
+            n = min(live[name], h.usable_records)
+            out.append(Problem(name, None, f"both control slots are damaged: the catalog's count ({n:,} rows) is "
+                                           "used (`verify --repair` writes the control page again)", fix="control"))
+        elif c.state != STATE_SEALED and name in live:
+            n = min(live[name], h.usable_records)
+            out.append(Problem(name, None, f"its control page says open with {c.committed:,} rows, the catalog "
+                                           f"records it sealed with {n:,} (a damaged control slot: `verify --repair` "
+                                           "writes it again)", fix="control"))
+        else:
+            n = min(c.committed, h.usable_records)
+            if c.state != STATE_SEALED:
+                lock = store.lock(writer_lock_name(h.writer_id))
+                if store.mode == "a" and lock.acquire(exclusive=True):
+                    lock.release()
+                    return [Problem(name, None, "open segment of a dead writer: needs recovery (the next writable "
+                                                "open does it)")]
+            if _slots_damaged(seg):
+                notes.append(Problem(name, None, "one control slot is damaged; the other holds the current count "
+                                                 "(nothing lost; `verify --repair` writes it again)", fix="control"))
+        if fast and c.version and c.state == STATE_SEALED and not out:
+            if seg.stamps_crc(n) == c.seal_crc:
+                return []  # the stamps are as sealed (the payload was not read: fast mode)
+            notes.append(Problem(name, None, "its stamp column differs from its seal: checked in full"))
+        bad, stamp_bad = scan_rows(h, store.layout, seg.stamps, seg.view, 0, n)[:2]
+        bad_slots = np.flatnonzero(bad)
+        if len(bad_slots):
+            mask = masks.get(name)
+            if not (mask is not None and tuple(mask.identity) == identity(os.fstat(seg.fileno()))
+                    and np.isin(bad_slots, from_ranges(mask.bad)).all()):  # else: acknowledged by a repair
+                out += [Problem(name, a, f"rows {a}-{b - 1} fail their stamp or crc32c check ({b - a} of {n} "
+                                         "committed rows; masked: left out of every batch with every window that "
+                                         "needs them)", ((a, b),), fix="mask")
+                        for a, b in to_ranges(bad_slots)]
+        stamped = to_ranges(np.flatnonzero(stamp_bad))
+        if stamped:
+            out.append(Problem(name, None, f"the stamps of rows {_ranges_text(stamped)} are damaged; their records "
+                                           "verify by their commit group's crc32c and are served (nothing lost; "
+                                           "`verify --repair` writes the stamps again)", stamped, fix="stamps"))
+        return out
     finally:
         seg.close()
 
 
-def repair_store(store: ReplayStore) -> tuple[list[str], list[Problem]]:
-    """Recover, mask and quarantine. Returns ``(actions taken, problems left)``; needs no live writer."""
+def repair_store(store: ReplayStore) -> RepairReport:
+    """Recover, write back stamps and control slots, mask and quarantine (see the module
+    docstring); needs no live writer."""
     from .recovery import recover_abandoned
 
     admin = store.lock(ADMIN)
     if not admin.acquire(exclusive=True):
         raise StoreLockedError(f"{store.path} has active writers; close them before repairing")
     try:
-        actions = []
+        out = RepairReport()
         report = recover_abandoned(store)
-        actions += [f"removed {n}" for n in report.cleaned]
-        actions += [f"recovered {n}: kept {k} rows" + (f", dropped {report.dropped[n]}" if n in report.dropped else "")
-                    for n, k in report.recovered.items()]
+        out.actions += report.lines()
+        out.rows_lost += report.rows_lost
+        out.rows_masked += sum(report.masked.values())
         for name, rows in sorted(store.lost_segments().items()):  # nothing brings them back: acknowledge
-            store.catalog.departed(name, "removed")
-            actions.append(f"acknowledged the loss of {name} ({rows} rows): its file is gone")
+            store.catalog.departed(name, "removed", "lost")
+            out.actions.append(f"acknowledged the loss of {name} ({rows:,} rows): its file is gone")
+            out.rows_lost += rows
+        notes: list[Problem] = []
+        found = verify_store(store, notes=notes)
+        for problem in found + notes:  # what is written back first: it changes the files' identities
+            if problem.fix in ("stamps", "control") and parse_segment_name(problem.file):
+                out.actions.append(_write_back(store, problem))
+        live = store.catalog.read().live if store.catalog.path.exists() else {}
         masked: dict[str, list[tuple[int, int]]] = {}
         for problem in verify_store(store):
             src = store.segments_dir / problem.file
             if not (src.exists() and parse_segment_name(problem.file)):
                 continue
-            if problem.rows:
+            if problem.fix == "mask":
                 masked.setdefault(problem.file, []).extend(problem.rows)
-                continue
-            store.catalog.departed(problem.file, "quarantined")  # before the file goes
-            src.rename(src.with_name(src.name + ".corrupt"))
-            actions.append(f"quarantined {problem.file} as {problem.file}.corrupt ({problem.reason})")
+            elif problem.fix == "quarantine":
+                rows = live.get(problem.file)
+                store.catalog.departed(problem.file, "quarantined")  # before the file goes
+                src.rename(src.with_name(src.name + ".corrupt"))
+                out.rows_quarantined += rows or 0
+                out.actions.append(f"quarantined {problem.file} as {problem.file}.corrupt ({problem.reason}); "
+                                   + (f"{rows:,} rows no longer served" if rows is not None else
+                                      "its rows (not catalogued: count unknown) are no longer served"))
         masks = _masks(store)  # one read of the catalog for every segment masked below
         for name, ranges in masked.items():
             old = masks.get(name)
@@ -166,8 +259,50 @@ def repair_store(store: ReplayStore) -> tuple[list[str], list[Problem]]:
             keep = old.bad if old is not None and tuple(old.identity) == ident else ()
             slots = np.union1d(from_ranges(tuple(ranges)), from_ranges(keep))
             store.catalog.checked(name, ident, to_ranges(slots), masked=True)
-            actions.append(f"masked {len(slots)} damaged row(s) of {name} (slots "
-                           f"{', '.join(f'{a}-{b - 1}' for a, b in to_ranges(slots)[:5])}); its other rows are kept")
-        return actions, verify_store(store)
+            out.rows_masked += len(slots) - len(from_ranges(keep))
+            out.actions.append(f"masked {len(slots)} damaged row(s) of {name} (slots "
+                               f"{_ranges_text(to_ranges(slots))}); its other rows are kept")
+        out.problems = verify_store(store)
+        return out
     finally:
         admin.release()
+
+
+def _write_back(store: ReplayStore, problem: Problem) -> str:
+    """Write back a segment's damaged stamps (of rows whose records verify) or control slot."""
+    from .recovery import seal_checked
+
+    path = store.segments_dir / problem.file
+    seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
+    try:
+        c, n = seg.control, 0
+        if problem.fix == "stamps":
+            n = min(c.committed, seg.header.usable_records)
+            _, stamp_bad, fixes = scan_rows(seg.header, store.layout, seg.stamps, seg.view, 0, n, fix=True)
+            assert fixes is not None
+            slots = np.flatnonzero(stamp_bad)
+            seg.stamp_words[slots] = fixes[slots]
+            seg.sync_rows(0, n)
+            what = f"wrote back the damaged stamps of {len(slots)} row(s) of {problem.file} (their records verify)"
+        elif c.version and c.state == STATE_SEALED:  # one slot damaged: publish the current count into it
+            seg.publish(c.committed, c.synced, c.state, c.seal_crc)
+            what = f"wrote back the damaged control slot of {problem.file}"
+        else:  # the catalog's count of a sealed segment
+            live = store.catalog.read().live
+            n, bad = seal_checked(seg, live[problem.file])
+            what = f"wrote back the control page of {problem.file} ({n:,} rows, as the catalog records it sealed)"
+        seg.sync_control()
+    finally:
+        seg.close(fdatasync=True)
+    try:
+        ident = identity(os.stat(path))
+        n = n or min(seg.control.committed, seg.header.usable_records)
+        check = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
+        try:
+            bad = np.flatnonzero(scan_rows(check.header, store.layout, check.stamps, check.view, 0, n)[0])
+        finally:
+            check.close()
+        store.catalog.checked(problem.file, ident, to_ranges(bad))
+    except (OSError, CorruptSegmentError):
+        pass
+    return what

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .format import MASKED
+
 if TYPE_CHECKING:
     from .store import ReplayStore
 
@@ -56,10 +58,12 @@ def _obs(store: ReplayStore, k: np.ndarray, slot: np.ndarray) -> np.ndarray | di
 
 
 def locate_transitions(store: ReplayStore, k: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(valid, k_next, slot_next)`` for candidate transition starts."""
+    """``(valid, k_next, slot_next)`` for candidate transition starts: a start is an ordinary row
+    (not an episode's final observation, not masked) whose next row is written and not masked."""
     r = store.reader
     ok, nk, ns = r.successors(k, slot)
-    ok &= ~r.is_last[r.snapshot.windows[k], slot]
+    ok &= r.flag_bytes(k, slot) == 0
+    ok &= r.flag_bytes(nk, ns) != MASKED
     return ok, nk, ns
 
 

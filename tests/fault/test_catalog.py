@@ -48,8 +48,11 @@ def test_a_deleted_segment_is_lost_not_evicted(filled, caplog):
     r = CliRunner().invoke(main, ["verify", str(filled)])
     assert r.exit_code == 1 and f"{victim.name}: lost" in r.output and "16 rows" in r.output
     r = CliRunner().invoke(main, ["verify", str(filled), "--repair"])
-    assert f"acknowledged the loss of {victim.name} (16 rows)" in r.output and r.exit_code == 0
-    assert CliRunner().invoke(main, ["verify", str(filled)]).exit_code == 0  # acknowledged: no longer a problem
+    # rows were lost: the repair says how many and exits 1; acknowledged, they are no longer a problem
+    assert f"acknowledged the loss of {victim.name} (16 rows)" in r.output and "16 lost" in r.output
+    assert r.exit_code == 1
+    assert CliRunner().invoke(main, ["verify", str(filled), "--repair"]).exit_code == 0  # nothing left to do
+    assert CliRunner().invoke(main, ["verify", str(filled)]).exit_code == 0
 
 
 def test_truncated_and_empty_segment_files_are_reported_by_name(filled):

@@ -200,7 +200,7 @@ def test_repair_masks_rows_and_keeps_ids_and_priorities(damaged, tmp_path):
         assert p.priorities(b.ids).max() == pytest.approx((5.0 + 1e-6) ** 0.6)  # saved priorities still point at their rows
         p.close()
     r = CliRunner().invoke(cli, ["info", str(path)])
-    assert "damaged      2 row(s)" in r.output and "masked by a repair" in r.output
+    assert "damaged      2 row(s)" in r.output and "recorded by a repair" in r.output
 
 
 def test_export_never_archives_a_damaged_row(damaged, tmp_path):
@@ -260,7 +260,7 @@ def test_train_and_info_report_damaged_rows(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "DAMAGED" in r.stderr and "left out of every batch" in r.stderr
     r = CliRunner().invoke(cli, ["info", str(path)])
-    assert "damaged" in r.output and "run `mmreplay verify`" in r.output
+    assert "damaged" in r.output and "run `mmreplay verify" in r.output
 
 
 def test_the_check_kernel_agrees_with_the_crc32c_package():

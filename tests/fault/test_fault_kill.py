@@ -14,6 +14,7 @@ import pytest
 from _children import SCHEMA, check_rows
 
 import mmreplay
+from mmreplay.storage.format import MASKED
 
 CHILD = str(Path(__file__).resolve().parents[1] / "_children.py")
 
@@ -26,8 +27,10 @@ def visible_rows(path) -> dict[int, np.ndarray]:
     per: dict[int, list] = {}
     for k in range(len(snap.segment_ids)):
         w, n = int(snap.windows[k]), int(snap.committed[k])
-        obs = r.columns["obs"][w, :n]
-        why = check_rows(obs, r.columns["action"][w, :n], r.columns["reward"][w, :n], r.columns["terminated"][w, :n])
+        served = r.is_last[w, :n] != MASKED  # masked rows (damaged, or torn by a power loss) are never served
+        obs = r.columns["obs"][w, :n][served]
+        why = check_rows(obs, r.columns["action"][w, :n][served], r.columns["reward"][w, :n][served],
+                         r.columns["terminated"][w, :n][served])
         assert why is None, why
         for key in np.unique(obs[:, 0]).astype(int):
             per.setdefault(int(key), []).append(obs[obs[:, 0] == key, 1].astype(np.int64))

@@ -17,7 +17,7 @@ def reference(rows, n, gamma, k, first_present=None):
     """{(lane, t): (return, discount, next t, terminated, truncated, stack ts, next stack ts)}.
 
     ``first_present[lane]``: the lane's oldest row still stored (older ones were evicted);
-    windows never start, and stacks never reach, before it."""
+    windows never start before it, and a stack that would have to look before it is left out."""
     out = {}
     for lane, rs in rows.items():
         first = (first_present or {}).get(lane, 0)
@@ -51,10 +51,23 @@ def reference(rows, n, gamma, k, first_present=None):
             if result is None:
                 continue
 
-            def stack(x, ep=starts, first=first):
-                return [max(x - j, ep[x], first) for j in range(k - 1, -1, -1)]
+            def stack(x, rs=rs, first=first):
+                """Steps back from x, clamped at the episode start; None where a step back would
+                have to look at an evicted row (whether the episode went on there is unknown)."""
+                cur, ts = x, [x]
+                for _ in range(k - 1):
+                    p = cur - 1
+                    if 0 <= p < first:
+                        return None
+                    if p >= 0 and not rs[p]["is_last"]:
+                        cur = p
+                    ts.insert(0, cur)
+                return ts
 
-            out[(lane, t)] = (*result, stack(t), stack(result[2]))
+            s0, s1 = stack(t), stack(result[2])
+            if s0 is None or s1 is None:
+                continue  # left out, never clamped at an evicted segment
+            out[(lane, t)] = (*result, s0, s1)
     return out
 
 
@@ -115,7 +128,7 @@ def test_windows_match_the_reference(tmp_path_factory, lanes, steps, n, k, gamma
     store.close()
 
 
-def test_frame_stacks_clamp_after_eviction(tmp_path):
+def test_frame_stacks_never_reach_into_an_evicted_segment(tmp_path):
     s = mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=12, segment_records=6)
     with s.writer(lanes=1) as w:
         for t in range(40):
@@ -123,10 +136,13 @@ def test_frame_stacks_clamp_after_eviction(tmp_path):
                   terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
     u = mmreplay.UniformSampler(s, frame_stack=4, seed=0)
     b = u.view(u.valid_ids())
-    first = int(b.obs[:, -1, 1].min())
-    for row in b.obs[:, :, 1].astype(int):
-        # consecutive frames, never reaching before the oldest row still stored
-        assert row.min() >= first and all(np.diff(row) >= 0) and all(np.diff(row) <= 1)
+    oldest = int(s.rows("obs", s.transition_ids()[:1])[0, 1])  # the oldest row still stored
+    assert oldest > 0  # rows were evicted
+    # one episode: every stack is four consecutive frames (none clamped at the evicted segment),
+    # and the first three starts of the oldest segment, whose stacks would reach before it, are left out
+    assert (np.diff(b.obs[:, :, 1], axis=1) == 1).all()
+    assert int(b.obs[:, -1, 1].min()) == oldest + 3
+    assert u.tier_stats()["windows_left_out"] == 3
     s.close()
 
 
