@@ -23,7 +23,8 @@ Invariants:
 
 * actions are learned in ``[-1, 1]`` (``mmreplay.agent.continuous``): data actions are mapped from
   the scale the store records (``metadata["action_scale"]``: ``"unit"`` or ``"env"`` with
-  ``metadata["action_space"]`` bounds) and the saved actor maps back onto the eval env's bounds;
+  ``metadata["action_space"]`` bounds; a Minari import's ``minari_action_space`` counts as
+  ``"env"`` with its Box) and the saved actor maps back onto the eval env's bounds;
   an unknown scale and a mismatch are each said in one line (:func:`action_bounds`);
 * observations are normalized with the dataset's mean and std (plus 1e-3, as CORL) from
   :func:`mmreplay.field_stats` (cached; computed once per store), once per batch for every
@@ -81,6 +82,23 @@ def _box(space: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return (low, high) if np.all(np.isfinite(low)) and np.all(np.isfinite(high)) else None
 
 
+def _minari_box(text: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """The bounds of a Box in Minari's serialized-space JSON (``import_minari`` keeps the dataset's
+    action space as ``metadata["minari_action_space"]``), else ``None``."""
+    import json
+
+    try:
+        d = json.loads(text) if isinstance(text, str) else None
+        if not isinstance(d, dict) or d.get("type") != "Box":
+            return None
+        shape = tuple(d.get("shape") or ())
+        low = np.broadcast_to(np.asarray(d["low"], np.float64), shape).ravel()
+        high = np.broadcast_to(np.asarray(d["high"], np.float64), shape).ravel()
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (low, high) if np.all(np.isfinite(low)) and np.all(np.isfinite(high)) else None
+
+
 def _fmt(b: tuple[np.ndarray, np.ndarray]) -> str:
     lo, hi = b
     if np.all(lo == lo[0]) and np.all(hi == hi[0]):
@@ -104,6 +122,8 @@ def action_bounds(store: ReplayStore, eval_space: Any, eval_env: str | None, dim
     space = meta.get("action_space")
     if isinstance(space, dict) and "low" in space and "high" in space:
         recorded = (np.asarray(space["low"], np.float64).ravel(), np.asarray(space["high"], np.float64).ravel())
+    elif scale is None and (minari := _minari_box(meta.get("minari_action_space"))) is not None:
+        scale, recorded = "env", minari  # a Minari dataset (import_minari): actions as its env took them
     if scale == "unit":
         data = unit
     elif scale == "env":
