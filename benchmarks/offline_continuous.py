@@ -17,9 +17,10 @@ Printed per (dataset, algorithm): D4RL-normalized final scores per seed (``100 *
 (training loop only, evaluation excluded) and their ratio, mmreplay's learner data wait, and the
 MinAtar benchmark's curve test (``minatar_dqn.curve_test``: the permutation p of the mean gap
 between the normalized curves over the evaluations, the final score's p, and how often a trainer
-identical to the reference meets the targets with this many seeds). ``--variants archive`` adds
-mmreplay runs (seed 1) from a zarr archive of each dataset (``mmreplay export``), for the speed
-figure. Everything goes to ``--out`` (``offline_continuous.json`` with every run's result).
+identical to the reference meets the targets with this many seeds). ``--variants archive windowed``
+adds mmreplay runs (seed 1) from a zarr archive of each dataset (``mmreplay export``) and with the
+windowed sampler over a resident third of the store's segments (``--sampler-mode windowed``), for
+the speed figures. Everything goes to ``--out`` (``offline_continuous.json`` with every run's result).
 """
 
 from __future__ import annotations
@@ -77,6 +78,19 @@ def jobs_for(args: argparse.Namespace, root: Path, out: Path) -> list[tuple[str,
                              [sys.executable, str(HERE / "offline_continuous_ref.py"), "--algo", algo, "--data",
                               str(root / f"{ds}.npz"), "--env", args.env, "--updates", str(args.updates), "--seed",
                               str(s), "--out", str(out / f"{ds}-{algo}-reference-s{s}.json"), *common]))
+            if "windowed" in args.variants:  # a resident set of a third of the store's segments (at least 2)
+                import mmreplay
+
+                with mmreplay.open_store(root / ds) as st:
+                    n_seg = st.info()["segments"]
+                    cache = max(2, n_seg // 3) * st.layout.file_size
+                win = out / f"{ds}-{algo}-windowed-s1"
+                jobs.append((f"{ds} {algo} mmreplay-windowed s1", win / "result.json",
+                             [sys.executable, "-m", "mmreplay", "train", "--offline", "--store", str(root / ds),
+                              "--algo", algo, "--eval-env", args.env, "--steps", str(args.updates), "--seed", "1",
+                              "--run-dir", str(win), "--threads", "1", "--sampler-mode", "windowed",
+                              "--cache-bytes", str(cache), "--checkpoint-every", str(args.updates),
+                              "--log-every", "1000", "--no-tensorboard", "-q", *common]))
             if "archive" in args.variants:
                 arch = out / f"{ds}-{algo}-archive-s1"
                 jobs.append((f"{ds} {algo} mmreplay-archive s1", arch / "result.json",
@@ -118,11 +132,13 @@ def summarize(args: argparse.Namespace, out: Path) -> dict:
                              "reference_min": ref.min(0).tolist(), "reference_max": ref.max(0).tolist()},
                    "updates_per_s": ups, "ratio": float(np.mean(ups["mmreplay"]) / np.mean(ups["reference"])),
                    "data_wait": wait, "curve_test": test}
-            arch = out / f"{ds}-{algo}-archive-s1" / "result.json"
-            if arch.exists():
-                a = json.loads(arch.read_text())
-                row["archive"] = {"updates_per_s": a["updates_per_s"], "data_wait": a["data_wait"],
-                                  "final": normalized(args.env, a["final_return"])}
+            for variant in ("archive", "windowed"):
+                p = out / f"{ds}-{algo}-{variant}-s1" / "result.json"
+                if p.exists():
+                    a = json.loads(p.read_text())
+                    row[variant] = {"updates_per_s": a["updates_per_s"], "data_wait": a["data_wait"],
+                                    "final": normalized(args.env, a["final_return"]),
+                                    "vs_store_s1": a["updates_per_s"] / res["mmreplay"][seeds[0]]["updates_per_s"]}
             summary[f"{ds}/{algo}"] = row
             print(f"\n{args.env} {ds}, {algo}, {args.updates:,} updates, seeds {seeds}")
             print(f"  final normalized score per seed: mmreplay {', '.join(f'{v:.1f}' for v in mm[:, -1])} "
@@ -137,9 +153,12 @@ def summarize(args: argparse.Namespace, out: Path) -> dict:
                       f"splits); a trainer identical to the reference meets final >= 0.9x in "
                       f"{test['null']['final']:.0%}, curve-not-below in {test['null']['curve']:.0%}, both in "
                       f"{test['null']['both']:.0%} of draws")
-            if "archive" in row:
-                print(f"  from the zarr archive (seed 1): {row['archive']['updates_per_s']:,.0f} updates/s, data wait "
-                      f"{row['archive']['data_wait']:.1%}, final {row['archive']['final']:.1f}")
+            for variant, what in (("archive", "from the zarr archive"), ("windowed", "windowed sampler, a third "
+                                                                                      "of the segments resident")):
+                if variant in row:
+                    v = row[variant]
+                    print(f"  {what} (seed 1): {v['updates_per_s']:,.0f} updates/s ({v['vs_store_s1']:.2f}x the store "
+                          f"run of seed {seeds[0]}), data wait {v['data_wait']:.1%}, final {v['final']:.1f}")
             for i in range(n_evals):
                 step = res["reference"][seeds[0]]["evals"][i][0]
                 print(f"    {step:>8,}: mmreplay {mm[:, i].mean():6.1f}  reference {ref[:, i].mean():6.1f} "
@@ -157,7 +176,7 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=100_000)
     ap.add_argument("--eval-every", type=int, default=10_000)
     ap.add_argument("--eval-episodes", type=int, default=10)
-    ap.add_argument("--variants", nargs="*", default=[], choices=["archive"])
+    ap.add_argument("--variants", nargs="*", default=[], choices=["archive", "windowed"])
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time [1]")
     ap.add_argument("--only-summary", action="store_true", help="run nothing; print what --out holds")
     ap.add_argument("--out", default=None, help="[<root>/bench]")

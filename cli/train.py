@@ -115,6 +115,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--flush-denormal/--no-flush-denormal",), dict(help="On the CPU, flush denormal floats to zero (faster; "
                                                           "torch.set_flush_denormal). [yes]")),
     (("--loader/--no-loader",), dict(help="Offline/actors: batches from a BatchLoader thread. [on CUDA only]")),
+    (("--sampler-mode",), dict(type=click.Choice(["exact", "windowed"]),
+                               help="Uniform over every row, or over a resident set of segments in RAM (stores "
+                                    "larger than RAM). [exact]")),
+    (("--cache-bytes",), dict(type=_INT, help="windowed: bytes of the resident set. [the sampler's default]")),
     (("--prefetch",), dict(type=_INT, help="Batches the loader prepares ahead. [2]")),
 ]
 

@@ -229,7 +229,7 @@ class Run:
                 n_step=c.n_step, gamma=c.gamma, frame_stack=c.frame_stack)
         else:
             sampler = UniformSampler(store, seed=c.seed, refresh_interval_s=refresh, n_step=c.n_step, gamma=c.gamma,
-                                     frame_stack=c.frame_stack)
+                                     frame_stack=c.frame_stack, mode=c.sampler_mode, cache_bytes=c.cache_bytes)
         if self.payload and self.payload.get("sampler"):
             restore_sampler(sampler, self.payload["sampler"])
         load_kernels()  # set-up, before the clock starts (the first sample would import them)

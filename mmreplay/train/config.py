@@ -170,6 +170,11 @@ class TrainConfig:
     into denormals, on which every arithmetic operation is many times slower. MinAtar Breakout,
     20,000 steps: 57.7 s without, 42.1 s with (``benchmarks/minatar_dqn.py`` measures both sides
     with it on)."""
+    sampler_mode: Literal["exact", "windowed"] = "exact"
+    """Uniform sampling over every row (``exact``) or over a resident set of whole segments copied into
+    RAM and swapped in the background (``windowed``, for stores larger than RAM; ``UniformSampler``)."""
+    cache_bytes: int | None = None
+    """``windowed``: bytes of the resident set (``None``: the sampler's default)."""
     loader: bool | None = None
     """Offline and actors: draw batches in a ``BatchLoader`` thread (pinned buffers, asynchronous
     copies). ``None``: on CUDA only; on the CPU, drawing in the learner's thread is as fast and
@@ -302,6 +307,12 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ValueError(f"`hidden` must be positive layer widths, got {cfg.hidden}")
     if cfg.samples_per_insert is not None and cfg.samples_per_insert <= 0:
         raise ValueError(f"`samples_per_insert` must be > 0, got {cfg.samples_per_insert}")
+    if cfg.sampler_mode not in ("exact", "windowed"):
+        raise ValueError(f"`sampler_mode` must be 'exact' or 'windowed', got {cfg.sampler_mode!r}")
+    if cfg.sampler_mode == "windowed" and cfg.prioritized:
+        raise ValueError("`sampler_mode`='windowed' is for uniform sampling, not `prioritized`")
+    if cfg.cache_bytes is not None and cfg.cache_bytes < 1:
+        raise ValueError(f"`cache_bytes` must be a positive number of bytes, got {cfg.cache_bytes}")
     if cfg.offline and cfg.actors:
         raise ValueError("`actors` is for online training; offline runs read the store only")
 
