@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -374,9 +375,22 @@ def make_learner(cfg: TrainConfig, store: ReplayStore, eval_env: str | None, dev
     dim = int(math.prod(schema["action"].shape))
     data, policy, clip = action_bounds(store, eval_space, eval_env, dim)
     means, stds = [], []
+    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     for name in schema.obs_names:
         if cfg.normalize_obs:
-            st = field_stats(store, name)
+            bar: Any = None
+
+            def progress(done: int, total: int, name: str = name) -> None:  # a bar while a large store is read
+                nonlocal bar
+                if bar is None:
+                    from tqdm import tqdm
+
+                    bar = tqdm(total=total, unit="segment", desc=f"statistics of {name}", file=sys.stderr, leave=False)
+                bar.update(done - bar.n)
+
+            st = field_stats(store, name, progress=progress if show else None)
+            if bar is not None:
+                bar.close()
             means.append(st.mean.ravel())
             stds.append(st.std.ravel() + OBS_STD_EPS)
         else:
