@@ -175,6 +175,7 @@ def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_
     s = seed.copy()
     dig = np.empty(64, np.uint64)
     nbad = 0
+    aligned = True  # the walk is at a group boundary (not after an extent it could not confirm)
     i = start
     while i < stop:
         k = np.int64(glens[i])
@@ -196,6 +197,7 @@ def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_
                     k = k2
                     c = c2
         if confirmed:
+            aligned = True
             if not first_only:  # the records are intact: a row's damaged stamp costs nothing
                 for j in range(i, i + k):
                     if (not _seq_ok(seq[j], first_seq + j + 1, v2) or crcs[j] != c or np.int64(glens[j]) != k
@@ -211,7 +213,16 @@ def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_
             continue
         if first_only:
             return i
-        if not (k >= 1 and i + k <= usable and i + k <= stop):
+        # the extent judged: the group row i's stamp describes when another row shares that stamp
+        # (damaged records in a real group), else row i alone (its own stamp is damaged)
+        plausible = k >= 1 and i + k <= usable and i + k <= stop
+        if plausible and k > 1:
+            plausible = False
+            for j in range(i + 1, i + k):
+                if crcs[j] == c and np.int64(glens[j]) == k:
+                    plausible = True
+                    break
+        if not plausible:
             k = 1
         if not v2:  # no row digests (format 1): the group is the finest unit
             for j in range(i, i + k):
@@ -221,7 +232,20 @@ def scan_groups(seq, crcs, glens, data, words, records_offset, rec_bytes, first_
             continue
         if dig.shape[0] < k:
             dig = np.empty(2 * k, np.uint64)
-        _group_crc(s, i, first_seq, k, data, words, records_offset, rec_bytes, t, v2, mults, dig)
+        c1 = _group_crc(s, i, first_seq, k, data, words, records_offset, rec_bytes, t, v2, mults, dig)
+        if k == 1 and (crcs[i] != c1 or glens[i] != 1):
+            # row i alone, its stamp's crc or length wrong: if its own row number and digest hold,
+            # the record is intact and only the stamp is damaged (at a group boundary: kept, and
+            # the stamp to write back makes it a group of one)
+            if _seq_ok(seq[i], first_seq + i + 1, v2) and dig[0] == seq[i] >> np.uint64(32):
+                if aligned:
+                    bad[i] = 2
+                    if fix.shape[0] > i:
+                        fix[i, 0] = seq[i]
+                        fix[i, 1] = np.uint64(c1) | (np.uint64(1) << np.uint64(32))
+                i += 1
+                continue
+        aligned = aligned and plausible  # a plausible extent from a boundary is a group; else unknown
         located = 0
         consistent = True
         for j in range(i, i + k):

@@ -286,6 +286,14 @@ def read_control(buf: bytes | memoryview) -> tuple[Control | None, int]:
     return b, 1
 
 
+def damaged_control_slots(buf: bytes | memoryview) -> list[int]:
+    """Control slots of the control page ``buf`` that hold bytes but fail their crc (an all-zero
+    slot was never written: not damage)."""
+    raw = bytes(buf[: 2 * CONTROL_SLOT_SIZE])
+    return [i for i in (0, 1) if any(raw[i * CONTROL_SLOT_SIZE : (i + 1) * CONTROL_SLOT_SIZE])
+            and unpack_control_slot(raw[i * CONTROL_SLOT_SIZE : (i + 1) * CONTROL_SLOT_SIZE]) is None]
+
+
 def group_seed(header: Header, start: int, seq0: int, k: int) -> int:
     """The crc seed binding a commit group to its store, segment, slot, sequence and session."""
     return crc32c(_SEED.pack(header.store_uuid, header.segment_id, start, seq0, header.session_epoch, k))

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import PAGE_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header, Layout
+from .format import (CONTROL_OFFSET, PAGE_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header, Layout,
+                     damaged_control_slots)
 from ..core.errors import CorruptSegmentError
 from ..core.fs import fsync_dir
 from .segment import Segment, parse_segment_name, read_segment_meta
@@ -212,7 +213,10 @@ def _recover_one(store: ReplayStore, name: str, report: RecoveryReport, *, tail:
             if dropped:
                 report.dropped[name] = dropped
         else:
-            synced = min(seg.control.synced, count) if seg.control.version else 0
+            # (a control slot damaged: the durable point it holds is not the writer's last word, so
+            # every row is taken as durable and a bad one as damaged)
+            intact = seg.control.version and not damaged_control_slots(seg.view[CONTROL_OFFSET:])
+            synced = min(seg.control.synced, count) if intact else count
             kept, bad = seal_checked(seg, count)
             # rows past the durable point that fail were torn by a power loss (never made durable): lost,
             # and recorded so; rows before it are durable rows damaged since: masked, for verify to report

@@ -192,6 +192,8 @@ class ReplayStore:
         self.doomed = Doomed(self.catalog)  # evicted files not unlinked yet (eviction.py)
         self._pid = os.getpid()
         self._writers: list[Writer] = []
+        self.recovery_report: Any = None
+        """What recovery did at a ``mode="a"`` open (``mmreplay.storage.recovery.RecoveryReport``)."""
         if mode == "a":
             if not os.access(path, os.W_OK) or not os.access(self.segments_dir, os.W_OK):
                 raise ReadOnlyStoreError(f"{path} is read-only here (filesystem or permissions): no row can be added",

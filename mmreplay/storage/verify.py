@@ -38,7 +38,7 @@ import numpy as np
 
 from .catalog import SegmentRecord
 from .checks import from_ranges, identity, scan_rows, to_ranges
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, unpack_control_slot
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, damaged_control_slots
 from ..core.errors import CorruptSegmentError, StoreLockedError
 from .segment import Segment, parse_segment_name
 from .locks import ADMIN, writer_lock_name
@@ -79,6 +79,8 @@ class RepairReport:
     """Rows of the segments quarantined (their files kept as ``.corrupt``, no longer served)."""
     rows_lost: int = 0
     """Rows no file holds any more: a dead writer's torn or unpublished tail, files found gone."""
+    unknown: list[str] = field(default_factory=list)
+    """Files quarantined whose row count nothing records (not in ``rows_quarantined``)."""
 
     @property
     def rows_cost(self) -> int:
@@ -137,13 +139,6 @@ def masked_rows(store: ReplayStore) -> int:
     return total
 
 
-def _slots_damaged(seg: Segment) -> list[int]:
-    """Control slots that hold bytes but fail their crc (an all-zero slot was never written)."""
-    raw = bytes(seg.view[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE])
-    return [i for i in (0, 1) if any(raw[i * CONTROL_SLOT_SIZE : (i + 1) * CONTROL_SLOT_SIZE])
-            and unpack_control_slot(raw[i * CONTROL_SLOT_SIZE : (i + 1) * CONTROL_SLOT_SIZE]) is None]
-
-
 def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
     return ", ".join(f"{a}-{b - 1}" for a, b in ranges[:5]) + (f" and {len(ranges) - 5} more" if len(ranges) > 5 else "")
 
@@ -154,7 +149,8 @@ def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, 
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
     except CorruptSegmentError as exc:
-        rows = f"its {live[name]:,} rows" if name in live else "its rows"
+        n = _rows_of(store, name, live)
+        rows = f"its {n:,} rows" if n is not None else "its rows"
         return [Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: {rows} are not served "
                                     "(`verify --repair` quarantines the file)", fix="quarantine")]
     except FileNotFoundError:
@@ -186,7 +182,7 @@ def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, 
                     lock.release()
                     return [Problem(name, None, "open segment of a dead writer: needs recovery (the next writable "
                                                 "open does it)")]
-            if _slots_damaged(seg):
+            if damaged_control_slots(seg.view[CONTROL_OFFSET:]):
                 notes.append(Problem(name, None, "one control slot is damaged; the other holds the current count "
                                                  "(nothing lost; `verify --repair` writes it again)", fix="control"))
         if fast and c.version and c.state == STATE_SEALED and not out:
@@ -223,10 +219,12 @@ def repair_store(store: ReplayStore) -> RepairReport:
         raise StoreLockedError(f"{store.path} has active writers; close them before repairing")
     try:
         out = RepairReport()
-        report = recover_abandoned(store)
-        out.actions += report.lines()
-        out.rows_lost += report.rows_lost
-        out.rows_masked += sum(report.masked.values())
+        # what the writable open that this repair runs in recovered, and anything left since
+        for report in (getattr(store, "recovery_report", None), recover_abandoned(store)):
+            if report:
+                out.actions += report.lines()
+                out.rows_lost += report.rows_lost  # (rows it masked are masked again below, and counted there)
+        store.recovery_report = None  # reported
         for name, rows in sorted(store.lost_segments().items()):  # nothing brings them back: acknowledge
             store.catalog.departed(name, "removed", "lost")
             out.actions.append(f"acknowledged the loss of {name} ({rows:,} rows): its file is gone")
@@ -245,13 +243,16 @@ def repair_store(store: ReplayStore) -> RepairReport:
             if problem.fix == "mask":
                 masked.setdefault(problem.file, []).extend(problem.rows)
             elif problem.fix == "quarantine":
-                rows = live.get(problem.file)
+                rows = _rows_of(store, problem.file, live)
                 store.catalog.departed(problem.file, "quarantined")  # before the file goes
                 src.rename(src.with_name(src.name + ".corrupt"))
                 out.rows_quarantined += rows or 0
+                if rows is None:
+                    out.unknown.append(problem.file)
                 out.actions.append(f"quarantined {problem.file} as {problem.file}.corrupt ({problem.reason}); "
                                    + (f"{rows:,} rows no longer served" if rows is not None else
-                                      "its rows (not catalogued: count unknown) are no longer served"))
+                                      "its rows are no longer served (how many is unknown: neither the catalog nor "
+                                      "its control page says)"))
         masks = _masks(store)  # one read of the catalog for every segment masked below
         for name, ranges in masked.items():
             old = masks.get(name)
@@ -266,6 +267,23 @@ def repair_store(store: ReplayStore) -> RepairReport:
         return out
     finally:
         admin.release()
+
+
+def _rows_of(store: ReplayStore, name: str, live: dict[str, int]) -> int | None:
+    """Rows of segment ``name``: the catalog's count, else its control page's (read without its
+    header), else None."""
+    from .segment import segment_state
+
+    if name in live:
+        return live[name]
+    path = store.segments_dir / name
+    try:
+        if os.stat(path).st_size < CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE:
+            return None
+    except FileNotFoundError:
+        return None
+    state, committed, _ = segment_state(path)
+    return committed if state == STATE_SEALED else None
 
 
 def _write_back(store: ReplayStore, problem: Problem) -> str:

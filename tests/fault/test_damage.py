@@ -343,3 +343,145 @@ def test_rows_that_are_not_whole_words_are_located_too(tmp_path):
     with mmreplay.open_store(path, mode="r") as s:
         assert s.check_counts()["damaged_rows"] == 1 and len(s) == 2 * R
         assert [pr.rows for pr in s.verify()] == [((9, 10),)]
+
+
+# -- what the store keeps: recovery, repair, windows and exports around damage ---------------------
+def test_the_damage_suite(tmp_path):
+    """300 seeded cases of random damage to 1-3 regions in 1-3 segments or the store's own files
+    (``mmreplay.testing.damage``): every served value equals the undamaged store's for the same
+    id, every undamaged row survives recovery and two repairs, every row no longer served is
+    reported, and one case in five round-trips through a zarr export."""
+    from mmreplay.testing.damage import run
+
+    totals = run(300, tmp_path)
+    assert totals["cases"] == 300 and totals["rows_beyond_damaged"] == 0
+    assert totals["damaged_rows"] > 0 and totals["exported"] == 60
+
+
+def _sealed_store(path: Path, segments: int = 10, rows: int = 64) -> None:
+    """``segments`` sealed segments of one writer (one lane), episodes of 13 steps."""
+    s = mmreplay.create_store(path, SCHEMA, capacity=100_000, segment_records=rows)
+    w = s.writer(lanes=1)
+    t = np.arange(segments * rows, dtype=np.float32)
+    w.add_batch(obs=np.stack([t, 0 * t, 8 * t + 1, 0 * t], 1)[:, None], action=t.astype(np.int64)[:, None],
+                reward=t[:, None], terminated=(t % 13 == 12)[:, None], truncated=np.zeros((len(t), 1), bool))
+    w.close()
+    s.close()
+
+
+def test_recovery_never_removes_a_good_segment_for_a_damaged_one(tmp_path):
+    """The control page and the first row of a sealed segment zeroed: recovery and repair keep
+    every other row of it and every later segment (they used to cut it and remove the rest)."""
+    path = tmp_path / "s"
+    _sealed_store(path)
+    victim = segs(path)[3]
+    with open(victim, "r+b") as fh:
+        fh.seek(CONTROL_OFFSET)
+        fh.write(bytes(PAGE_SIZE + Layout_of(path).record_bytes - 4))  # the control page and most of row 0
+    r = CliRunner().invoke(cli, ["verify", str(path)])
+    assert r.exit_code == 1 and "both control slots are damaged" in r.output and "rows 0-0" in r.output
+    r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
+    assert r.exit_code == 0 and "1 row(s) masked, 0 quarantined, 0 lost" in r.output, r.output
+    assert len(segs(path)) == 10
+    with mmreplay.open_store(path) as s:
+        assert len(s) == 640 and s.check_counts()["damaged_rows"] == 1
+    r = CliRunner().invoke(cli, ["info", str(path)])
+    assert "masked" in r.output and "--repair" not in r.output  # acknowledged: no call to repair again
+    assert CliRunner().invoke(cli, ["verify", str(path), "--repair"]).output.count("repaired:") == 0
+
+
+def test_windows_that_need_a_masked_row_are_left_out_never_shortened(tmp_path):
+    """Exactly the starts whose n-step window, frame stack or next stack needs the damaged row are
+    left out (and counted); every other view is the undamaged store's."""
+    path, clean = tmp_path / "s", tmp_path / "clean"
+    _sealed_store(path, segments=3)
+    shutil.copytree(path, clean)
+    damage(segs(path)[1], 20)  # row 84
+    with mmreplay.open_store(path) as s, mmreplay.open_store(clean) as c:
+        for n, k in ((3, 1), (1, 4), (2, 3)):
+            got, want = UniformSampler(s, n_step=n, frame_stack=k), UniformSampler(c, n_step=n, frame_stack=k)
+            ids = want.valid_ids()
+            b = want.view(ids)
+            obs = b.obs if k > 1 else b.obs[:, None]
+            nxt = b.next_obs if k > 1 else b.next_obs[:, None]
+            needs = [set(range(int(obs[i, -1, 0]), int(nxt[i, -1, 0]) + 1)) | set(obs[i, :, 0].astype(int))
+                     | set(nxt[i, :, 0].astype(int)) for i in range(len(ids))]
+            out = {int(i) for i, rows in zip(ids, needs) if 84 in rows}
+            assert set(ids.tolist()) - set(got.valid_ids().tolist()) == out, (n, k)
+            assert got.tier_stats()["windows_left_out"] == len(out - {84}), (n, k)
+            kept = got.valid_ids()
+            g, w = got.view(kept), want.view(kept)
+            assert np.array_equal(g.reward, w.reward) and np.array_equal(g.discount, w.discount)
+            assert np.array_equal(g.obs, w.obs) and np.array_equal(g.next_obs, w.next_obs)
+        with pytest.raises(KeyError, match="masked"):
+            s.rows("obs", np.array([84]))
+        assert s.info()["transitions_left_out"] == 1  # 83: its next row is masked
+
+
+def test_a_flipped_bit_in_a_stamp_costs_nothing_and_repair_writes_it_back(tmp_path):
+    path = tmp_path / "s"
+    _sealed_store(path, segments=2)
+    with mmreplay.open_store(path) as s:
+        off = s.layout.stamps_offset + 16 * 9 + 9  # row 9's group crc (one add_batch: one group per segment)
+    with open(segs(path)[0], "r+b") as fh:
+        fh.seek(off)
+        b = fh.read(1)[0]
+        fh.seek(off)
+        fh.write(bytes([b ^ 4]))
+    with mmreplay.open_store(path) as s:
+        assert len(s) == 128 and s.check_counts()["damaged_rows"] == 0  # the group's crc proves the records
+        assert [p.fix for p in s.verify()] == ["stamps"] and [p.fix for p in s.verify(fast=True)] == ["stamps"]
+    r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
+    assert r.exit_code == 0 and "wrote back the damaged stamps of 1 row(s)" in r.output
+    r = CliRunner().invoke(cli, ["verify", str(path), "--fast"])
+    assert r.exit_code == 0 and "payloads not read" in r.output  # the seal matches again, and fast says what it skips
+
+
+def test_a_damaged_header_costs_that_segment_never_the_store(tmp_path):
+    path = tmp_path / "s"
+    _sealed_store(path, segments=4)
+    with open(segs(path)[1], "r+b") as fh:
+        fh.seek(8)
+        fh.write(b"\x02\x08")  # the format version: "format version 2050" until the header crc came first
+    with mmreplay.open_store(path) as s:
+        assert len(s) == 192 and segs(path)[1].name in s.info()["unreadable_segments"]
+        u = UniformSampler(s, frame_stack=4, n_step=3)
+        assert not np.isin(np.arange(64 * 2, 64 * 2 + 3), u.valid_ids()).any()  # stacks needing segment 1
+    r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
+    assert r.exit_code == 1 and "64 rows no longer served" in r.output and "0 lost" in r.output
+
+
+def test_exports_mark_masked_rows_and_never_invent_an_episode_boundary(tmp_path, monkeypatch):
+    import zarr
+
+    from mmreplay.archive import export_archive, import_archive
+
+    path, clean = tmp_path / "s", tmp_path / "clean"
+    _sealed_store(path, segments=2)
+    shutil.copytree(path, clean)
+    damage(segs(path)[0], 20)  # episode 13..25 holds row 20
+    rep = export_archive(path, tmp_path / "a.zarr")
+    export_archive(clean, tmp_path / "c.zarr")
+    assert (rep.damaged_rows, rep.episodes_masked) == (1, 1)
+    g, c = zarr.open_group(str(tmp_path / "a.zarr"), mode="r"), zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
+    assert np.flatnonzero(g["masked"][:]).tolist() == [20]
+    for name in ("is_last", "is_first", "episode"):  # the same episodes as the undamaged store's
+        assert np.array_equal(g[name][:], c[name][:]), name
+    import_archive(tmp_path / "a.zarr", tmp_path / "back")
+    with mmreplay.open_store(tmp_path / "back") as b, mmreplay.open_store(path) as s:
+        assert b.check_counts()["damaged_rows"] == 1 and b.masked_rows() == 1  # masked again, acknowledged
+        assert np.array_equal(b.transition_ids(), s.transition_ids())
+    pytest.importorskip("minari")
+    pytest.importorskip("h5py")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    from mmreplay.interop.minari import export_minari
+
+    with mmreplay.open_store(path) as s, mmreplay.open_store(clean) as c:
+        m = export_minari(s, "mmreplay/damaged/whole-v0")
+        want = export_minari(c, "mmreplay/damaged/clean-v0")
+    assert m.masked == 1 and m.episodes == want.episodes - 1  # the episode holding row 20, left out whole
+    import minari
+
+    kept = {tuple(ep.observations[:, 0]) for ep in minari.load_dataset("mmreplay/damaged/whole-v0").iterate_episodes()}
+    every = {tuple(ep.observations[:, 0]) for ep in minari.load_dataset("mmreplay/damaged/clean-v0").iterate_episodes()}
+    assert kept < every and all(20 in e for e in every - kept)  # the others exactly as the undamaged store's
