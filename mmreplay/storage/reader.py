@@ -343,8 +343,10 @@ class StoreReader:
             m.raw = raw  # (nothing new in it)
             return
         n = min(control.committed, m.header.usable_records)
-        # stamps are written before the count: if the last one is not visible yet (weakly ordered CPU), keep the old count
-        if n > m.committed and not seq_matches(m.header, self.stamps[m.window, n - 1]["seq"], m.header.first_seq + n):
+        # stamps are written before the count: if the last one is not visible yet (weakly ordered CPU), keep the old
+        # count (an open segment's; a sealed one's count is final, and its last row may be masked, i.e. unstamped)
+        if (n > m.committed and control.state != STATE_SEALED
+                and not seq_matches(m.header, self.stamps[m.window, n - 1]["seq"], m.header.first_seq + n)):
             return
         if self.verify != "off" and n > m.committed:
             n = self._verified(m, n)

@@ -1,4 +1,4 @@
-"""The package is a house of rooms: imports point only down, no circles, small modules.
+"""The package is a house of rooms: imports point only down, no circles, modules of one job.
 
 Rooms, lowest first (a room may import itself and any room before it)::
 
@@ -133,9 +133,12 @@ def test_imports_point_down_and_close_no_circle():
     assert sccs == [], "import circles:\n" + "\n".join(" <-> ".join(c) for c in sccs)
 
 
-def test_no_module_over_500_lines():
+def test_no_module_over_800_lines():
+    """A module past 800 lines is looked at for holding more than one job (modules are split by
+    responsibility, never by line count: a 500-line cap made carve-outs that reach into another
+    module's private members, which is worse than a long file)."""
     big = [f"{p.relative_to(ROOT)}: {n}" for p in [*PKG.rglob("*.py"), *(ROOT / "cli").rglob("*.py")]
-           if (n := len(p.read_text().splitlines())) > 500]
+           if (n := len(p.read_text().splitlines())) > 800]
     assert big == []
 
 
