@@ -21,7 +21,7 @@ repository); a dataset already made there (its ``<name>.json`` written) is not m
 Minimum returns (the script stops otherwise, keeping the SAC run: a rerun with lower thresholds
 reuses it): the final SAC evaluation ``--min-final`` (700 by default on Hopper-v5: a policy that
 hops forward; SB3's SAC reached 705 in 100k steps here, 37 minutes with one torch thread on the
-shared 2-core machine, on its way to ~3,000 in 1M), the medium policy ``--min-medium`` (200: ten
+shared 2-core machine), the medium policy ``--min-medium`` (200: ten
 times a random policy's ~20) and at most 0.6x the final one (not the final policy).
 
 Each dataset is also written as ``<name>.npz`` in D4RL's layout (``observations``, ``actions``,
