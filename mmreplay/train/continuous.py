@@ -193,7 +193,6 @@ class ContinuousLearner:
             self.value = ValueNetwork(obs_dim, cfg.hidden).to(device)
             self.value_opt = torch.optim.Adam(self.value.parameters(), **adam)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), **adam)
-        self.cosine = cfg.algo == "iql"  # the actor's learning rate: cosine from lr to 0 over cfg.steps
         self._actor_params = list(self.actor.parameters())
         self._targets: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
         for target, net in ((self.critic_target, self.critic), (self.actor_target, self.actor)):
