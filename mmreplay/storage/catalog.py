@@ -61,6 +61,8 @@ class CatalogState:
     checks: dict[str, SegmentRecord] = field(default_factory=dict)
     """The latest check of each segment: its file's identity then, and its damaged rows."""
     torn_lines: int = 0
+    max_segment_id: int = -1
+    """The highest segment id any line names (a damaged id counter is rebuilt above it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,8 @@ class Catalog:
                 state.torn_lines += 1
                 continue
             seg, kind = str(event.get("seg")), event.get("e")
+            if seg[:13].isdigit():
+                state.max_segment_id = max(state.max_segment_id, int(seg[:13]))
             if kind == "sealed":
                 state.live[seg] = int(event.get("rows", 0))  # type: ignore[call-overload]
                 if "id" in event:

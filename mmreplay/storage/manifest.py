@@ -2,6 +2,9 @@
 
 * ``STORE.json`` is immutable once written: format, store uuid, schema, segment size, capacity,
   with a crc32c of its canonical JSON; :func:`read_manifest` refuses a damaged or foreign one.
+  ``STORE.copy.json`` holds the same bytes (written first at creation, or by the first writable
+  open of a store made before copies): one damaged file costs nothing, the other is read
+  (:func:`load_manifest`), and a writable open or ``verify --repair`` writes it back.
 * ``counters.bin`` holds the next segment id in two checksummed slots (LMDB's double meta): a
   new value goes to the slot not holding the newest valid one, so a torn write leaves the other.
 """
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from ..core.schema import Schema
 
 MANIFEST = "STORE.json"
+MANIFEST_COPY = "STORE.copy.json"
 COUNTERS = "counters.bin"
 STORE_MAGIC = "mmreplay-store"
 STORE_FORMAT = 1
@@ -54,7 +58,15 @@ def manifest_bytes(body: dict[str, Any]) -> bytes:
 
 
 def read_manifest(p: Path) -> dict[str, Any]:
-    """The checked manifest of the store at ``p`` (without its crc)."""
+    """The checked manifest of the store at ``p`` (without its crc): ``STORE.json``, or its copy
+    when it is damaged (see :func:`load_manifest`)."""
+    return load_manifest(p)[0]
+
+
+def load_manifest(p: Path) -> tuple[dict[str, Any], list[str]]:
+    """``(manifest, damaged)``: the checked manifest of the store at ``p`` and the names of its
+    two files (``STORE.json``, ``STORE.copy.json``) that are damaged or missing. Raises
+    ``CorruptStoreError`` only when neither holds a valid manifest."""
     try:
         raw = (p / MANIFEST).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
@@ -62,20 +74,47 @@ def read_manifest(p: Path) -> dict[str, Any]:
             raise StoreNotFoundError(f"no store at {p}") from None
         if not p.is_dir():
             raise StoreNotFoundError(f"{p} is a file, not an mmreplay store (a store is a directory)") from None
-        raise StoreNotFoundError(f"{p} is not an mmreplay store (no {MANIFEST})") from None
+        if not (p / MANIFEST_COPY).exists():
+            raise StoreNotFoundError(f"{p} is not an mmreplay store (no {MANIFEST})") from None
+        raw = b""
+    try:
+        data = _parse(raw, p / MANIFEST, p)
+    except CorruptStoreError as exc:
+        try:
+            data = _parse((p / MANIFEST_COPY).read_bytes(), p / MANIFEST_COPY, p)
+        except (OSError, CorruptStoreError):
+            raise exc from None
+        if data.get("format_version") != STORE_FORMAT:
+            raise FormatVersionError(f"{p}: store format {data.get('format_version')}, this mmreplay reads "
+                                     f"{STORE_FORMAT}") from None
+        return data, [MANIFEST]
+    try:
+        copy_ok = _parse((p / MANIFEST_COPY).read_bytes(), p / MANIFEST_COPY, p) == data
+    except (OSError, CorruptStoreError, FormatVersionError):
+        copy_ok = False
+    return data, [] if copy_ok else [MANIFEST_COPY]
+
+
+def _parse(raw: bytes, where: Path, p: Path) -> dict[str, Any]:
     try:
         data = json.loads(raw)
         crc = data.pop("crc32c")
     except (ValueError, KeyError, AttributeError) as exc:
-        raise CorruptStoreError(f"{p / MANIFEST}: not a valid manifest ({exc})") from None
+        raise CorruptStoreError(f"{where}: not a valid manifest ({exc})") from None
     canon = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     if crc != crc32c(canon):
-        raise CorruptStoreError(f"{p / MANIFEST}: checksum mismatch")
+        raise CorruptStoreError(f"{where}: checksum mismatch")
     if data.get("magic") != STORE_MAGIC:
-        raise CorruptStoreError(f"{p / MANIFEST}: bad magic {data.get('magic')!r}")
+        raise CorruptStoreError(f"{where}: bad magic {data.get('magic')!r}")
     if data.get("format_version") != STORE_FORMAT:
         raise FormatVersionError(f"{p}: store format {data.get('format_version')}, this mmreplay reads {STORE_FORMAT}")
     return data
+
+
+def restore_manifest(p: Path, data: dict[str, Any], names: list[str]) -> None:
+    """Write the manifest files ``names`` of the store at ``p`` again from the valid ``data``."""
+    for name in names:
+        atomic_write(p / name, manifest_bytes(data))
 
 
 def write_counter(path: Path, value: int, version: int, slot: int | None = None, *, fsync: bool = True) -> None:

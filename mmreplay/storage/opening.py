@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SchemaError, StoreExistsError
-from .manifest import COUNTERS, MANIFEST
+from .manifest import COUNTERS, MANIFEST, MANIFEST_COPY
 from .store import ReplayStore, create_store
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _abandoned_creation(p: Path, wait_s: float = 1.0) -> bool:
             empty = all(not os.listdir(p / d) for d in ("segments", "locks") if d in names)
         except OSError:
             return False
-        if MANIFEST in names or not empty or not names <= {"segments", "locks", COUNTERS} | {
+        if MANIFEST in names or not empty or not names <= {"segments", "locks", COUNTERS, MANIFEST_COPY} | {
                 n for n in names if n.startswith(".") and n.endswith(".tmp")}:
             return False
         if time.monotonic() >= deadline:

@@ -44,12 +44,14 @@ from ..core.errors import (
 from .manifest import (
     COUNTERS,
     MANIFEST,
+    MANIFEST_COPY,
     STORE_FORMAT,
     STORE_MAGIC,
     default_segment_records,
     manifest_bytes,
     read_counter,
-    read_manifest,
+    load_manifest,
+    restore_manifest,
     write_counter,
 )
 from .reader import StoreReader
@@ -129,6 +131,7 @@ def create_store(
         "mmreplay_version": __version__,
         "metadata": metadata or {},
     }
+    atomic_write(p / MANIFEST_COPY, manifest_bytes(body))  # the copy first: a store is a directory with STORE.json
     atomic_write(p / MANIFEST, manifest_bytes(body))
     fsync_dir(p.parent if str(p.parent) else Path("."))
     return ReplayStore(p, "a")
@@ -175,7 +178,15 @@ class ReplayStore:
                  verify: Literal["off", "strict", "salvage"] = "off", check_at_open: bool | None = None) -> None:
         self.path = path
         self.mode = mode
-        m = read_manifest(path)
+        m, damaged = load_manifest(path)
+        if damaged and MANIFEST in damaged:
+            log.warning("%s is damaged: its copy %s is used (a writable open or `mmreplay verify --repair` writes it "
+                        "back)", path / MANIFEST, MANIFEST_COPY)
+        self.manifest_restored: list[str] = []
+        """Manifest files a writable open wrote back from the other copy (``verify --repair`` says so)."""
+        if damaged and mode == "a" and os.access(path, os.W_OK):
+            restore_manifest(path, m, damaged)
+            self.manifest_restored = damaged
         self.manifest = m
         self.schema = Schema.from_json(m["schema"])
         if f"{self.schema.hash:016x}" != m["schema_hash"]:
@@ -287,10 +298,15 @@ class ReplayStore:
         without an fsync unless ``durable``.
         """
         path = self.path / COUNTERS
-        value, version, slot = read_counter(path)
-        on_disk = [p[0] for n in os.listdir(self.segments_dir) if (p := parse_segment_name(n.removesuffix(".deleted")))]
+        try:
+            value, version, slot = read_counter(path)
+        except (CorruptStoreError, FileNotFoundError) as exc:  # a cache: rebuilt from every id the store has known
+            log.warning("%s (rebuilt from the segment files and the catalog)", exc)
+            value, version, slot = self.catalog.read().max_segment_id + 1, 0, None
+        on_disk = [p[0] for n in os.listdir(self.segments_dir)
+                   if (p := parse_segment_name(n.removesuffix(".deleted").removesuffix(".corrupt")))]
         value = max([value, *(i + 1 for i in on_disk)])
-        write_counter(path, value + 1, version + 1, 1 - slot, fsync=durable)
+        write_counter(path, value + 1, version + 1, None if slot is None else 1 - slot, fsync=durable or slot is None)
         return value
 
     def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0, defer: bool = False) -> list[int]:

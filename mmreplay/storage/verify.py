@@ -42,6 +42,7 @@ from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, damaged_con
 from ..core.errors import CorruptSegmentError, StoreLockedError
 from .segment import Segment, parse_segment_name
 from .locks import ADMIN, writer_lock_name
+from .manifest import MANIFEST, load_manifest, restore_manifest
 
 if TYPE_CHECKING:
     from .store import ReplayStore
@@ -117,6 +118,10 @@ def verify_store(store: ReplayStore, *, fast: bool = False, notes: list[Problem]
     for name, rows in sorted(store.lost_segments(state).items()):
         problems.append(Problem(name, None, f"lost: the catalog lists it sealed with {rows} rows, and its file is "
                                             "gone (it was not evicted)", fix="lost"))
+    for name in load_manifest(store.path)[1]:
+        (problems if name == MANIFEST else notes).append(Problem(
+            name, None, "damaged or missing: the store's manifest is read from its other copy (nothing lost; "
+                        "a writable open or `verify --repair` writes it back)", fix="manifest"))
     return problems
 
 
@@ -229,6 +234,12 @@ def repair_store(store: ReplayStore) -> RepairReport:
             store.catalog.departed(name, "removed", "lost")
             out.actions.append(f"acknowledged the loss of {name} ({rows:,} rows): its file is gone")
             out.rows_lost += rows
+        manifest, damaged = load_manifest(store.path)
+        if damaged:
+            restore_manifest(store.path, manifest, damaged)
+        restored = sorted({*damaged, *getattr(store, "manifest_restored", ())})  # (here, or by the open)
+        out.actions += [f"wrote back {name} from the manifest's other copy" for name in restored]
+        store.manifest_restored = []
         notes: list[Problem] = []
         found = verify_store(store, notes=notes)
         for problem in found + notes:  # what is written back first: it changes the files' identities

@@ -2,10 +2,10 @@
 
 One **case** copies a small closed store (``build_base``), damages 1-3 regions of it (a
 segment's header, control slots, any byte of a row's record or stamp, whole pages,
-truncation, and the store's own ``CATALOG.log``, ``counters.bin`` and ``STORE.json``) in 1-3
-segments, then opens it read-only, samples it with every kind of sampler and view, opens it
-for writing (recovery), verifies, repairs twice, and in one case of five exports it to a zarr
-archive and imports that back. Which rows are damaged is worked out from the bytes the case
+truncation, and the store's own ``CATALOG.log``, ``counters.bin`` and either copy of its
+manifest) in 1-3 segments, then opens it read-only, samples it with every kind of sampler and
+view, opens it for writing (recovery), verifies, repairs twice, in one case of five exports it to
+a zarr archive and imports that back, and last appends a few rows in a new segment. Which rows are damaged is worked out from the bytes the case
 changed (a row whose record or stamp bytes changed; every row of a segment whose header
 changed or whose file was cut short), never from what the store reports. The invariants,
 checked row id by row id against the undamaged store:
@@ -79,7 +79,8 @@ class CaseResult:
     """Rows the store reported as no longer served (masked + quarantined + lost)."""
     exported: bool = False
     store_unopenable: bool = False
-    """The manifest was damaged: the store refuses to open (CorruptStoreError), nothing changed."""
+    """Both copies of the manifest were damaged: the store refuses to open (CorruptStoreError),
+    nothing changed."""
 
 
 def build_base(path: Path, lanes: int, steps: int = 130, segment_records: int = 60) -> Base:
@@ -155,7 +156,8 @@ def _damage(work: Path, store: ReplayStore, rng: np.random.Generator, out: CaseR
             with open(seg, "r+b") as fh:
                 fh.truncate(int(rng.integers(0, lay.file_size)))
         else:
-            name = {"catalog": "CATALOG.log", "counters": "counters.bin", "manifest": "STORE.json"}[kind]
+            name = {"catalog": "CATALOG.log", "counters": "counters.bin",
+                    "manifest": "STORE.json" if rng.random() < 0.5 else "STORE.copy.json"}[kind]
             target = work / name
             size = target.stat().st_size if target.exists() else 0
             if not size:
@@ -304,8 +306,9 @@ def run_case(base: Base, oracle: Oracle, work: Path, seed: int, *, export: bool 
     try:
         try:
             store = open_store(work, mode="r")
-        except CorruptStoreError:  # the manifest: the store's identity; it refuses to open, and changes nothing
-            assert any(d.startswith("manifest") for d in out.damage), f"{what}: CorruptStoreError"
+        except CorruptStoreError:  # both copies of the manifest: the store's identity; it refuses to open, changes nothing
+            assert {d.split("@")[0] for d in out.damage} >= {"manifest STORE.json", "manifest STORE.copy.json"}, \
+                f"{what}: CorruptStoreError"
             assert {p.name: p.stat().st_size for p in (work / "segments").iterdir()} == before, what
             out.store_unopenable = True
             return out
@@ -340,11 +343,28 @@ def run_case(base: Base, oracle: Oracle, work: Path, seed: int, *, export: bool 
             if export if export is not None else seed % 5 == 0:
                 _export_round_trip(store, work, what)
                 out.exported = True
+            _append(store)  # last: a new segment, its id allocated past every id the store has known
         now = {p.name.removesuffix(".corrupt") for p in (work / "segments").iterdir()}
-        assert now == set(before), f"{what}: files removed {sorted(set(before) - now)}, made {sorted(now - set(before))}"
+        assert now >= set(before), f"{what}: files removed {sorted(set(before) - now)}"
     finally:
         logging.disable(logging.NOTSET)
     return out
+
+
+def _append(store: ReplayStore) -> None:
+    """Three rows of a new writer session (a segment of its own, served with the rest)."""
+    from ..storage.segment import parse_segment_name
+
+    before = {parse_segment_name(p.name)[0] for p in store.segments_dir.iterdir() if parse_segment_name(p.name)}
+    w = store.writer(lanes=1)
+    for t in range(3):
+        w.add(obs=np.array([[1e6 + t, 9, 0, 0]], np.float32), action=np.zeros(1, np.int64),
+              reward=np.zeros(1, np.float32), terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
+    w.close()
+    made = {parse_segment_name(p.name)[0] for p in store.segments_dir.iterdir() if parse_segment_name(p.name)}
+    new = made - before
+    assert new and min(new) > max(before, default=-1), f"segment ids reused: {sorted(new)}"
+    store.refresh()
 
 
 def _export_round_trip(store: ReplayStore, work: Path, what: str) -> None:

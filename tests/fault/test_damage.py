@@ -485,3 +485,15 @@ def test_exports_mark_masked_rows_and_never_invent_an_episode_boundary(tmp_path,
     kept = {tuple(ep.observations[:, 0]) for ep in minari.load_dataset("mmreplay/damaged/whole-v0").iterate_episodes()}
     every = {tuple(ep.observations[:, 0]) for ep in minari.load_dataset("mmreplay/damaged/clean-v0").iterate_episodes()}
     assert kept < every and all(20 in e for e in every - kept)  # the others exactly as the undamaged store's
+
+
+def test_a_damaged_id_counter_is_rebuilt_above_every_id_the_store_has_known(tmp_path):
+    path = tmp_path / "s"
+    _sealed_store(path, segments=3)
+    (path / "counters.bin").write_bytes(bytes(64))  # both slots
+    with mmreplay.open_store(path, mode="a") as s:
+        w = s.writer(lanes=1)
+        w.add(obs=np.zeros((1, 4), np.float32), action=np.zeros(1, np.int64), reward=np.zeros(1, np.float32),
+              terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
+        w.close()
+    assert [p.name[:13] for p in segs(path)][-1] == "0000000000003" and len(segs(path)) == 4

@@ -136,17 +136,27 @@ def test_damaged_header_and_control_slots(tmp_path):
         assert [(p.file, p.reason.split(":")[0]) for p in s.verify()] == [(first.name, "lost")]  # deleted above
 
 
-def test_damaged_manifest_is_an_error_not_an_empty_store(tmp_path):
+def test_a_damaged_manifest_is_read_from_its_copy_and_both_damaged_is_an_error(tmp_path):
     path = filled(tmp_path)
     m = path / "STORE.json"
-    data = json.loads(m.read_text())
+    good = m.read_bytes()
+    data = json.loads(good)
     data["segment_records"] = 64
     m.write_text(json.dumps(data))
-    with pytest.raises(CorruptStoreError, match="checksum"):
-        mmreplay.open_store(path)
+    with mmreplay.open_store(path) as s:  # read from STORE.copy.json, nothing lost
+        assert len(s) == 100 and [p.file for p in s.verify()] == ["STORE.json"]
+    assert m.read_bytes() != good  # a read-only open writes nothing
+    r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
+    assert r.exit_code == 0 and "wrote back STORE.json" in r.output and m.read_bytes() == good
     m.write_bytes(b"{not json")
-    with pytest.raises(CorruptStoreError):
+    (path / "STORE.copy.json").write_bytes(b"{not json either")
+    with pytest.raises(CorruptStoreError):  # both copies: an error, never an empty store
         mmreplay.open_store(path)
+    (path / "STORE.copy.json").unlink()
+    m.write_bytes(good)  # a store made before the copy existed: a writable open writes it
+    with mmreplay.open_store(path, mode="a") as s:
+        assert len(s) == 100
+    assert (path / "STORE.copy.json").read_bytes() == good
 
 
 def test_foreign_and_future_segments_are_refused(tmp_path):

@@ -163,6 +163,8 @@ def test_kill9_at_random_moments(small_store):
         p.kill()
         acked += len(p.stdout.read().split())
         p.wait()
+        with mmreplay.open_store(small_store) as s:  # read-only, before any recovery: nothing is wrong
+            assert s.verify() == []
         s = mmreplay.open_store(small_store, mode="a")
         assert s.verify() == []
         s.close()
