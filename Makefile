@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(BIN)/python tests/integrations/fetch_sb3_tests.py  # SB3's own buffer tests, fetched once (the suite stays on loopback)
 	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -1,10 +1,11 @@
 """Stable-Baselines3's own ``tests/test_buffers.py``, run with ``MMReplayBuffer`` in place of SB3's
 ``ReplayBuffer`` and ``DictReplayBuffer``.
 
-SB3's file is not copied into this repository: the stable-baselines3 source distribution of the
-installed version (on the package index, it ships ``tests/``) is fetched once with pip and the
-file is cached under the virtual environment (``<sys.prefix>/share/mmreplay-test-cache/``). When
-the index cannot be reached, the whole module is skipped with the reason.
+SB3's file is not copied into this repository: ``fetch_sb3_tests.py`` (run by ``make test`` before
+the suite) fetches the stable-baselines3 source distribution of the installed version from the
+package index once and caches the file under the virtual environment
+(``<sys.prefix>/share/mmreplay-test-cache/``); the tests only read that cache, so they talk to
+nothing but loopback. When it could not be fetched, the whole module is skipped with the reason.
 
 The file runs as SB3 wrote it, no assertion changed: its ``from stable_baselines3.common.buffers
 import ...`` hands it two ``MMReplayBuffer`` subclasses named ``ReplayBuffer`` and
@@ -16,13 +17,8 @@ are skipped, and so are its CUDA cases on a machine without CUDA (as SB3 skips t
 from __future__ import annotations
 
 import builtins
-import fcntl
 import importlib.metadata
-import os
-import subprocess
 import sys
-import tarfile
-import tempfile
 import types
 from pathlib import Path
 from typing import Any
@@ -37,45 +33,16 @@ from mmreplay.integrations.sb3 import MMReplayBuffer  # noqa: E402
 
 SB3_VERSION = importlib.metadata.version("stable-baselines3")
 CACHE = Path(sys.prefix) / "share" / "mmreplay-test-cache" / f"stable-baselines3-{SB3_VERSION}"
-MEMBER = "tests/test_buffers.py"
 
 
-def _fetch() -> Path:
-    """SB3's ``tests/test_buffers.py`` of the installed version: cached, else fetched (one process
-    at a time: pytest-xdist workers collect this module each)."""
+def _cached() -> Path:
+    """SB3's ``tests/test_buffers.py`` of the installed version, as ``fetch_sb3_tests.py`` cached it
+    (``make test`` runs that before the suite: the tests talk to nothing but loopback)."""
     target = CACHE / "test_buffers.py"
-    if target.exists():
-        return target
-    try:
-        CACHE.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        pytest.skip(f"no cache folder for SB3's test file ({exc})", allow_module_level=True)
-    with open(CACHE / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():  # another worker fetched it meanwhile
-            return target
-        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-                   "--quiet", "--timeout", "15", "--retries", "1", "--dest", tmp, f"stable-baselines3=={SB3_VERSION}"]
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            except subprocess.TimeoutExpired:
-                pytest.skip(f"the stable-baselines3=={SB3_VERSION} sdist could not be fetched from the package index "
-                            "in 180 s (pip download timed out)", allow_module_level=True)
-            sdists = list(Path(tmp).glob("*.tar.gz"))
-            if r.returncode != 0 or not sdists:
-                why = (r.stderr.strip().splitlines() or ["no output"])[-1]
-                pytest.skip(f"the stable-baselines3=={SB3_VERSION} sdist could not be fetched from the package index "
-                            f"(pip download: {why})", allow_module_level=True)
-            with tarfile.open(sdists[0]) as tar:
-                names = [m for m in tar.getmembers() if m.isfile() and m.name.split("/", 1)[-1] == MEMBER]
-                if not names:  # the index answered: a missing file is a failure, not a skip
-                    raise RuntimeError(f"{sdists[0].name} has no {MEMBER}: SB3's buffer tests cannot run against "
-                                       "MMReplayBuffer for this version")
-                data = tar.extractfile(names[0]).read()  # type: ignore[union-attr]
-            part = Path(tmp) / "test_buffers.py"
-            part.write_bytes(data)
-            os.replace(part, target)
+    if not target.exists():
+        why = (CACHE / "SKIP").read_text() if (CACHE / "SKIP").exists() else "not fetched yet"
+        pytest.skip(f"SB3's test file for stable-baselines3=={SB3_VERSION} is not cached ({why}): "
+                    "`python tests/integrations/fetch_sb3_tests.py` fetches it", allow_module_level=True)
     return target
 
 
@@ -118,7 +85,7 @@ def _load(path: Path) -> types.ModuleType:
     return module
 
 
-upstream = _load(_fetch())
+upstream = _load(_cached())
 # the cases that build a replay buffer (test_buffer_dtypes builds SB3's RolloutBuffer beside it)
 test_replay_buffer_normalization = upstream.test_replay_buffer_normalization
 test_device_buffer = upstream.test_device_buffer
