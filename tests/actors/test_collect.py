@@ -267,8 +267,8 @@ def test_cli_failure_paths_are_one_line(tmp_path):
 
     # corrupt manifest
     collect("CartPole-v1", tmp_path / "c", 10, workers=0, seed=0, progress=False)
-    m = tmp_path / "c" / "STORE.json"
-    m.write_bytes(m.read_bytes().replace(b"CartPole", b"CartPolf"))
+    for m in (tmp_path / "c" / "STORE.json", tmp_path / "c" / "STORE.copy.json"):  # both copies
+        m.write_bytes(m.read_bytes().replace(b"CartPole", b"CartPolf"))
     r = _cli("collect", "CartPole-v1", "--store", tmp_path / "c", "--steps", 10)
     assert r.returncode == 1 and "CorruptStoreError" in r.stderr and "Traceback" not in r.stderr
     # full store that refuses to evict
@@ -307,8 +307,8 @@ def test_train_cli_failure_paths_are_one_line(tmp_path):
     last = r.stderr.strip().splitlines()[-1]  # (a note that tensorboard is missing may come first)
     assert r.returncode == 1 and "Traceback" not in r.stderr and last.startswith("Error: ") and "missing" in last
     collect("CartPole-v1", tmp_path / "c", 50, workers=0, seed=0, progress=False)
-    m = tmp_path / "c" / "STORE.json"
-    m.write_bytes(m.read_bytes().replace(b"CartPole", b"CartPolf"))
+    for m in (tmp_path / "c" / "STORE.json", tmp_path / "c" / "STORE.copy.json"):  # both copies
+        m.write_bytes(m.read_bytes().replace(b"CartPole", b"CartPolf"))
     r = _cli("train", "CartPole-v1", "--store", tmp_path / "c", "--steps", 10, "--run-dir", tmp_path / "r2")
     assert r.returncode == 1 and "CorruptStoreError" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert _cli("train", "CartPole-v1", "--store", tmp_path / "c", "--algo", "ppo").returncode == 2

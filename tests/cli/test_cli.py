@@ -32,7 +32,8 @@ def test_info_on_missing_or_corrupt_store_is_one_line(tmp_path, store):
     assert r.output.startswith("Error: StoreNotFoundError") and "Traceback" not in r.output
     manifest = store.path / "STORE.json"
     store.close()
-    manifest.write_text(manifest.read_text().replace('"capacity": 10000', '"capacity": 10001'))
+    for m in (manifest, store.path / "STORE.copy.json"):  # both copies (one damaged copy costs nothing)
+        m.write_text(m.read_text().replace('"capacity": 10000', '"capacity": 10001'))
     r = CliRunner().invoke(main, ["info", str(store.path)])
     assert r.exit_code == 1 and "CorruptStoreError" in r.output and "checksum" in r.output
 
