@@ -218,7 +218,7 @@ def ingest_archives(
             from ..core.errors import ReadOnlyStoreError
 
             raise ReadOnlyStoreError(f"{st.path} was opened with mode='r'; ingesting needs mode='a'")
-        gate = st.lock(INGEST)
+        gate = st.files.lock(INGEST)
         gate.acquire(exclusive=True, blocking=True)
         try:
             admin = admin_lock(st, exclusive=False)

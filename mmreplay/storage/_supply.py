@@ -48,7 +48,9 @@ from .segment import Segment, now_ns
 from .claims import allocating
 
 if TYPE_CHECKING:
-    from .store import ReplayStore
+    from collections.abc import Callable
+
+    from .files import StoreFiles
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ LANE_SEGMENT_BYTES = 4096
 """Rows at least this large (a frame) give each lane segments of its own by default."""
 
 
-def use_lane_segments(store: ReplayStore, lanes: int) -> bool:
+def use_lane_segments(store: StoreFiles, lanes: int) -> bool:
     """Whether a writer of ``lanes`` lanes gives each lane a chain of segments of its own by default:
     for rows of at least ``LANE_SEGMENT_BYTES`` (frames: a frame stack is then one contiguous read
     rather than ``frames`` records ``lanes`` rows apart, which cost 1.4-1.6x the time per batch in
@@ -75,9 +77,11 @@ class SegmentSupply:
     """Segment sets (one segment per chain: ``len(epochs)`` chains) for one writer session (used
     under the writer's mutex)."""
 
-    def __init__(self, store: ReplayStore, writer_id: int, lanes: int, usable: int, epochs: list[int],
-                 durability: str) -> None:
-        self.store = store
+    def __init__(self, files: StoreFiles, writer_id: int, lanes: int, usable: int, epochs: list[int],
+                 durability: str, written_here: Callable[[str], None] | None = None) -> None:
+        self.files = files
+        self.written_here = written_here
+        """Told the name of each segment this session seals (its rows need no check by the handle)."""
         self.writer_id = writer_id
         self.lanes = lanes  # lanes of each segment
         self.usable = usable
@@ -106,7 +110,7 @@ class SegmentSupply:
         return tuple(made)
 
     def _make_one(self, chain_index: int, epoch: int, prefault: bool) -> Segment:
-        store = self.store
+        store = self.files
         durable = self.durability == "batch"
         # segment sets ready but not written yet were made for this batch: they count as held (the
         # other chains' segments of the set being made do not: each lane's open segment is like a
@@ -164,7 +168,7 @@ class SegmentSupply:
             for seg in segs:
                 self._faults[seg.path.name] = self._faulter.submit(seg.prefault)
         self._pending = pending
-        if len(self.store.doomed):  # what the evictions above renamed away: unlinked in the background
+        if len(self.files.doomed):  # what the evictions above renamed away: unlinked in the background
             self._background(self._reap)
         self._next_chain += 1  # given back by _collect if that segment cannot be made
 
@@ -199,9 +203,8 @@ class SegmentSupply:
 
     def _retire(self, seg: Segment) -> None:
         self._faulted(seg)  # (its mapping is dropped below)
-        reader = self.store.reader
-        if reader is not None and reader.checker is not None:
-            reader.checker.written_here(seg.path.name)  # this handle's samplers need not check it
+        if self.written_here is not None:
+            self.written_here(seg.path.name)  # the store handle's samplers need not check it
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
         if self.durability == "process":
             seg.close()
@@ -223,9 +226,9 @@ class SegmentSupply:
 
     def _reap(self) -> None:
         try:
-            self.store.doomed.reap()
+            self.files.doomed.reap()
         except OSError as exc:  # the .deleted files stay; recovery removes them at the next open
-            log.warning("%s: could not remove evicted segment files: %s", self.store.path, exc)
+            log.warning("%s: could not remove evicted segment files: %s", self.files.path, exc)
 
     def _close_durable(self, seg: Segment) -> None:
         seg.close_durable(seg.control.committed)
@@ -251,7 +254,7 @@ class SegmentSupply:
                 pass
         try:
             if rows:
-                self.store.catalog_sealed(rows, idents)
+                self.files.catalog_sealed(rows, idents)
         except OSError:  # the catalog cannot be written: readers check these segments themselves
             pass
 
@@ -284,7 +287,7 @@ class SegmentSupply:
             if self._syncer is not None:
                 self._syncer.shutdown(wait=True)
             self.wait()
-            self.store.doomed.reap()
+            self.files.doomed.reap()
         finally:
             self.drop_spares()
             if self._faulter is not None:

@@ -23,13 +23,13 @@ from .segment import now_ns
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from .files import StoreFiles
     from .locks import FileLock
-    from .store import ReplayStore
 
 MAX_WRITERS = 1000
 
 
-def claim_writer_id(store: ReplayStore, writer_id: int | None = None, role: str = "") -> tuple[int, FileLock]:
+def claim_writer_id(store: StoreFiles, writer_id: int | None = None, role: str = "") -> tuple[int, FileLock]:
     """Take writer id ``writer_id`` (``None``: the lowest free one) of ``store``: its lock, held
     until released, with the owner's pid, host and start time (and ``role``) written in it.
 
@@ -50,7 +50,7 @@ def claim_writer_id(store: ReplayStore, writer_id: int | None = None, role: str 
 
 
 @contextmanager
-def allocating(store: ReplayStore, *, pending_rows: int = 0, durable: bool = False,
+def allocating(store: StoreFiles, *, pending_rows: int = 0, durable: bool = False,
                defer: bool = False) -> Iterator[int]:
     """Under ``alloc.lock``: evict what capacity requires, then yield a new segment id.
 

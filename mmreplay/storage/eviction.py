@@ -26,7 +26,7 @@ from .segment import parse_segment_name
 
 if TYPE_CHECKING:
     from .catalog import Catalog
-    from .store import ReplayStore
+    from .files import StoreFiles
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Doomed:
                 p.unlink(missing_ok=True)  # another process opening the store may finish it first
 
 
-def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_one: bool = False,
+def evict_for_new_segment(store: StoreFiles, known: dict[str, int], *, force_one: bool = False,
                           pending_rows: int = 0, defer: bool = False) -> list[int]:
     """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held).
 
@@ -135,8 +135,8 @@ def evict_for_new_segment(store: ReplayStore, known: dict[str, int], *, force_on
         # it) or under its name (it is then served and catalogued again, and the next eviction
         # takes it first: it is the oldest)
         log.debug("evicted segments %s from %s", evicted, store.path)
-        if force_one and not store._warned_disk_full:  # once per store handle
-            store._warned_disk_full = True
+        if force_one and not store.warned_disk_full:  # once per store handle
+            store.warned_disk_full = True
             log.warning("%s: the disk is full: the oldest segment was evicted to make room, so the store holds "
                         "fewer rows than its capacity (%s); `mmreplay info` counts these evictions", store.path,
                         f"{store.capacity:,}")

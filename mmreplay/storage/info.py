@@ -41,7 +41,7 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
             r.region.advise(m.window, size, MADV_DONTNEED)
             r._advise(m)
     disk, files = disk_usage(store.path)
-    catalog = store.catalog.read()  # read once: evictions by reason and lost segments
+    catalog = store.files.catalog.read()  # read once: evictions by reason and lost segments
     writers = sorted({m.header.writer_id for m in segs})
     try:
         stats = json.loads((store.path / "stats.json").read_text())

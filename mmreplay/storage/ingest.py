@@ -120,7 +120,7 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
     os.rename(stage / name, store.segments_dir / name)
     fsync_dir(store.segments_dir)
     try:  # stamped and checksummed here from the rows given: checked (``checks.py``), masked rows masked
-        store.catalog.checked(name, identity(os.stat(store.segments_dir / name)), to_ranges(bad), masked=bool(len(bad)))
+        store.files.catalog.checked(name, identity(os.stat(store.segments_dir / name)), to_ranges(bad), masked=bool(len(bad)))
     except OSError:
         pass  # the first reader checks it
     return store.segments_dir / name
@@ -128,7 +128,7 @@ def build_segment(store: ReplayStore, header: Header, fields: Mapping[str, np.nd
 
 def admin_lock(store: ReplayStore, *, exclusive: bool) -> FileLock:
     """Take the store's admin lock (exclusive: no writer may be active) or raise."""
-    lock = store.lock(ADMIN)
+    lock = store.files.lock(ADMIN)
     if not lock.acquire(exclusive=exclusive):
         what = "has active writers" if exclusive else "is locked for admin work"
         raise StoreLockedError(f"{store.path} {what}")
@@ -137,14 +137,14 @@ def admin_lock(store: ReplayStore, *, exclusive: bool) -> FileLock:
 
 def allocate_segment(store: ReplayStore) -> int:
     """A new segment id, after evicting what capacity requires, under the store-wide allocation lock."""
-    with allocating(store) as sid:
+    with allocating(store.files) as sid:
         return sid
 
 
 def claim_writer_id(store: ReplayStore, role: str = "ingest") -> tuple[int, FileLock]:
     """Take the lowest free writer id of ``store`` (its lock, held until released) or raise
     ``WriterBusyError``; ``role`` goes into the lock file's owner line."""
-    return claims.claim_writer_id(store, None, role)
+    return claims.claim_writer_id(store.files, None, role)
 
 
 class SessionIngest:

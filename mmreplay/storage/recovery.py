@@ -48,7 +48,7 @@ from .checks import identity, to_ranges
 from .locks import ALLOC, writer_lock_name
 
 if TYPE_CHECKING:
-    from .store import ReplayStore
+    from .files import StoreFiles
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def recover_segment(seg: Segment) -> tuple[int, int]:
     return n, dropped
 
 
-def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | None = None,
+def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | None = None,
                    catalogued: dict[str, int] | None = None) -> RecoveryReport:
     """Recover the segments of ``writer_id`` left unfinished (caller holds that writer's lock);
     see the module docstring. ``catalogued``: the catalog's sealed segments (name -> rows), read
@@ -176,7 +176,7 @@ def recover_writer(store: ReplayStore, writer_id: int, report: RecoveryReport | 
     return report
 
 
-def _held(store: ReplayStore, name: str, h: Header, c: Control | None, catalogued: dict[str, int]) -> int:
+def _held(store: StoreFiles, name: str, h: Header, c: Control | None, catalogued: dict[str, int]) -> int:
     """Rows a segment holds as far as its records say: the catalog's count, else its control page's,
     else (both control slots damaged) the extent of its stamped rows."""
     if name in catalogued:
@@ -195,7 +195,7 @@ def _held(store: ReplayStore, name: str, h: Header, c: Control | None, catalogue
     return int(hit[-1]) + 1 if len(hit) else 0
 
 
-def _recover_one(store: ReplayStore, name: str, report: RecoveryReport, *, tail: bool, count: int) -> None:
+def _recover_one(store: StoreFiles, name: str, report: RecoveryReport, *, tail: bool, count: int) -> None:
     """Recover one segment: a dead writer's open tail is cut back to its valid prefix (``tail``);
     any other is sealed with ``count`` rows, its damaged rows masked."""
     path = store.segments_dir / name
@@ -262,7 +262,7 @@ def _remove(path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def _depart(store: ReplayStore, name: str, remove: Any) -> None:
+def _depart(store: StoreFiles, name: str, remove: Any) -> None:
     """Record segment ``name`` as removed by recovery, then ``remove()`` its file, under
     ``alloc.lock``: a catalog compaction (``catalog.py``, run by evictions under that lock)
     never rewrites the log between the two and drops the departure."""
@@ -275,7 +275,7 @@ def _depart(store: ReplayStore, name: str, remove: Any) -> None:
         alloc.release()
 
 
-def recover_abandoned(store: ReplayStore) -> RecoveryReport:
+def recover_abandoned(store: StoreFiles) -> RecoveryReport:
     """On open with ``mode='a'``: recover OPEN segments of dead writers, finish interrupted
     creations and evictions. Live writers' segments are left alone."""
     report = RecoveryReport()

@@ -1,22 +1,18 @@
-"""ReplayStore: create and open a store directory; allocation and eviction of segments.
+"""ReplayStore: the user's object: create and open a store, write, read, inspect, close.
 
-Directory layout::
-
-    STORE.json     immutable manifest: format, store uuid, schema, segment size, capacity (+crc32c)
-    counters.bin   next segment id, two checksummed slots (LMDB double meta), under alloc.lock
-    locks/         admin.lock (writers hold it shared), alloc.lock, writer-NNN.lock
-    segments/      NNNNNNNNNNNNN-wWWW.seg files; .tmp while being made, .deleted while evicted
+The store's directory and the protocol over its files (locks, the segment-id counter, the
+catalog, eviction) belong to ``StoreFiles`` (``files.py``), which a ``ReplayStore`` holds as
+``files`` and hands to its writers, recovery and verify; reading is ``StoreReader``'s
+(``reader.py``). What is left here is the user's surface: ``create_store`` / ``open_store``,
+``writer``, ``refresh``, ``transitions`` / ``rows``, ``info``, ``verify`` / ``repair``, ``close``.
 
 Invariants kept here:
 
-* ``create_store`` fails if the path exists; the manifest is written temp → fsync → rename and
-  the directory only becomes a store once STORE.json is in place;
+* ``create_store`` fails if the path exists; the manifest is written temp → fsync → rename (its
+  copy first) and the directory only becomes a store once STORE.json is in place;
 * opening reads only the manifest and each segment's first two pages: it costs the same for a
-  thousand rows or a hundred million;
-* segment ids only grow (the counter is persisted before a segment is made), and only the
-  allocation/eviction critical section takes the store-wide ``alloc.lock``, for milliseconds;
-* eviction deletes the oldest *sealed* segments, never an open one, and only while the rows left
-  are at least ``capacity`` (a full store keeps from ``capacity`` to ``capacity`` + writers + 1 segments).
+  thousand rows or a hundred million; a writable open runs recovery first (``recovery.py``);
+* a store handle is used only in the process that opened it (never after ``fork()``).
 """
 
 from __future__ import annotations
@@ -33,14 +29,13 @@ import numpy as np
 from ..core.version import __version__
 from .format import MASKED, STATE_SEALED, Layout
 from ..core.fs import atomic_write, fsync_dir, writable_error
-from .eviction import Doomed
 from ..core.errors import (
-    CorruptStoreError,
     ReadOnlyStoreError,
     SchemaError,
     StoreClosedError,
     StoreExistsError,
 )
+from .files import OnFull, StoreFiles
 from .manifest import (
     COUNTERS,
     MANIFEST,
@@ -49,24 +44,19 @@ from .manifest import (
     STORE_MAGIC,
     default_segment_records,
     manifest_bytes,
-    read_counter,
     load_manifest,
     restore_manifest,
     write_counter,
 )
 from .reader import StoreReader
 from ..core.schema import Schema
-from .segment import parse_segment_name, segment_state
-from .catalog import Catalog, CatalogState, short_list
+from .catalog import CatalogState, short_list
 from .checks import Checker
-from .locks import ALLOC, LOCK_NAMES, FileLock
 
 if TYPE_CHECKING:
     from .writer import Durability, Writer
 
 log = logging.getLogger(__name__)
-
-OnFull = Literal["evict", "error"]
 
 
 def create_store(
@@ -187,20 +177,13 @@ class ReplayStore:
         if damaged and mode == "a" and os.access(path, os.W_OK):
             restore_manifest(path, m, damaged)
             self.manifest_restored = damaged
-        self.manifest = m
-        self.schema = Schema.from_json(m["schema"])
-        if f"{self.schema.hash:016x}" != m["schema_hash"]:
-            raise CorruptStoreError(f"{path / MANIFEST}: schema hash mismatch")
-        self.store_uuid = bytes.fromhex(m["store_uuid"])
-        self.segment_records = int(m["segment_records"])
-        self.capacity = int(m["capacity"])
-        self.on_full: OnFull = m.get("on_full", "evict")
-        self.metadata: dict[str, Any] = m.get("metadata", {})
-        self.layout = Layout.of(self.schema, self.segment_records)
-        self.segments_dir = path / "segments"
-        self.locks_dir = path / "locks"
-        self.catalog = Catalog(path)  # recovery below records what it removes
-        self.doomed = Doomed(self.catalog)  # evicted files not unlinked yet (eviction.py)
+        self.files = StoreFiles(path, m)
+        """The store's files and the protocol over them (``files.py``): for the storage room and tools."""
+        f = self.files
+        self.manifest, self.schema, self.store_uuid, self.layout = f.manifest, f.schema, f.store_uuid, f.layout
+        self.segment_records, self.capacity, self.on_full, self.metadata = (f.segment_records, f.capacity,
+                                                                           f.on_full, f.metadata)
+        self.segments_dir = f.segments_dir
         self._pid = os.getpid()
         self._writers: list[Writer] = []
         self.recovery_report: Any = None
@@ -211,18 +194,16 @@ class ReplayStore:
                                          hint="read it with mode='r', or copy it to a writable filesystem to add rows")
             from .recovery import recover_abandoned
 
-            self.recovery_report = recover_abandoned(self)
+            self.recovery_report = recover_abandoned(self.files)
             _say_recovered(path, self.recovery_report)
         windows = max(16, 2 * (-(-self.capacity // self.segment_records)) + 8)
-        checker = Checker(self.segments_dir, self.layout, self.store_uuid, self.schema.hash, self.catalog,
+        checker = Checker(self.segments_dir, self.layout, self.store_uuid, self.schema.hash, f.catalog,
                           writable=mode == "a")
         self.reader = StoreReader(self.segments_dir, self.layout, self.store_uuid, self.schema.hash,
                                   initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)),
                                   on_corrupt=on_corrupt, verify=verify, checker=checker)
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
-        self._sealed_rows: dict[str, int] = {}  # committed rows of sealed segments (immutable), for eviction
-        self._warned_disk_full = False  # eviction warns once per handle when a full disk evicts
         # a writable handle checks sealed segments it has not seen written at its first refresh,
         # not here: a process that only writes never reads (nor checks) a row
         self.reader.refresh(checks=mode == "r" if check_at_open is None else check_at_open)
@@ -275,93 +256,44 @@ class ReplayStore:
         self._check()
         if self.mode != "a":
             raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; open it with mode='a' to write")
-        from .writer import Writer
+        from .writer import Writer, WriterHooks
 
         validate_writer_args(self, lanes, durability, cast, nonfinite, publish_rows, publish_interval_s)
-        w = Writer(self, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast, nonfinite=nonfinite,
-                   publish_rows=publish_rows, publish_interval_s=publish_interval_s, lane_segments=lane_segments)
+        checker = self.reader.checker
+        hooks = WriterHooks(published=self._published, rolled=self._rolled,
+                            sealed=checker.written_here if checker is not None else None, closed=self._writer_closed)
+        w = Writer(self.files, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast,
+                   nonfinite=nonfinite, publish_rows=publish_rows, publish_interval_s=publish_interval_s,
+                   lane_segments=lane_segments, hooks=hooks)
         self._writers.append(w)
         return w
 
-    def lock(self, name: str) -> FileLock:
-        """The store's lock file ``name`` (one of ``storage._lock.LOCK_NAMES`` or a writer
-        lock), not yet taken. Package-internal: the storage protocol's one list of locks."""
-        if name not in LOCK_NAMES and not name.startswith("writer-"):
-            raise ValueError(f"unknown lock {name!r}; expected one of {LOCK_NAMES} or a writer lock")
-        return FileLock(self.locks_dir / name)
+    def _published(self) -> None:
+        self._dirty = True  # a writer of this handle published rows: the next read refreshes counts
 
-    def allocate_segment_id(self, *, durable: bool = False) -> int:
-        """Next segment id (caller holds alloc.lock).
+    def _rolled(self) -> None:
+        self._need_scan = True  # a writer of this handle took a segment: the next read lists the directory
 
-        The id is above both the counter and every segment file present, so ids never repeat
-        even if a crash lost the counter's last update; the counter is therefore written
-        without an fsync unless ``durable``.
-        """
-        path = self.path / COUNTERS
-        try:
-            value, version, slot = read_counter(path)
-        except (CorruptStoreError, FileNotFoundError) as exc:  # a cache: rebuilt from every id the store has known
-            log.warning("%s (rebuilt from the segment files and the catalog)", exc)
-            value, version, slot = self.catalog.read().max_segment_id + 1, 0, None
-        on_disk = [p[0] for n in os.listdir(self.segments_dir)
-                   if (p := parse_segment_name(n.removesuffix(".deleted").removesuffix(".corrupt")))]
-        value = max([value, *(i + 1 for i in on_disk)])
-        write_counter(path, value + 1, version + 1, None if slot is None else 1 - slot, fsync=durable or slot is None)
-        return value
-
-    def evict_for_new_segment(self, *, force_one: bool = False, pending_rows: int = 0, defer: bool = False) -> list[int]:
-        """Delete the oldest sealed segments not needed to keep ``capacity`` rows (alloc.lock held);
-        see :func:`mmreplay.storage.eviction.evict_for_new_segment`."""
-        from .eviction import evict_for_new_segment
-
-        return evict_for_new_segment(self, self._sealed_rows, force_one=force_one, pending_rows=pending_rows,
-                                     defer=defer)
+    def _writer_closed(self, w: Writer) -> None:
+        if w in self._writers:
+            self._writers.remove(w)
 
     def _check_catalog(self) -> None:
         """Catalogue sealed segments not in the catalog yet (writable handles), and warn once
         about segments the catalog expects whose files are gone (one read of the catalog)."""
         if self.mode == "a":
-            self.catalog_sealed({m.name: m.committed for m in self.reader.segments.values() if m.state == STATE_SEALED})
+            self.files.catalog_sealed({m.name: m.committed for m in self.reader.segments.values()
+                                       if m.state == STATE_SEALED})
         lost = self.lost_segments()
         if lost:
             names = sorted(lost)
             log.warning("%s: %d segment file(s) lost, %d rows: %s (not evicted; run `mmreplay verify`)", self.path,
                         len(lost), sum(lost.values()), short_list(names))
 
-    def catalog_sealed(self, segments: dict[str, int], identities: dict[str, tuple[int, ...]] | None = None) -> None:
-        """Catalogue sealed segments (name -> rows; ``identities``: their files' as their writer
-        closed them) under ``alloc.lock``, the eviction lock, and only those whose files are there:
-        a segment evicted meanwhile is never catalogued back to life."""
-        lock = self.lock(ALLOC)
-        lock.acquire(exclusive=True, blocking=True)
-        try:
-            present = set(os.listdir(self.segments_dir)) if len(segments) > 4 else {
-                n for n in segments if os.path.exists(os.path.join(self.segments_dir, n))}
-            self.catalog.sealed_many({n: r for n, r in segments.items() if n in present}, identities)
-        finally:
-            lock.release()
-
     def lost_segments(self, state: CatalogState | None = None) -> dict[str, int]:
         """Segments the catalog lists as sealed and never evicted or quarantined whose files are
-        gone: name -> rows lost (``state``: a catalog read *after* the caller last listed the
-        directory, else it is read now)."""
-        # the directory is listed before the catalog is read: an eviction writes its departure before
-        # the file goes, so a file missing from the listing has its departure in the catalog read after
-        present = set(os.listdir(self.segments_dir))
-        if state is None:
-            if not self.catalog.path.exists():
-                return {}
-            state = self.catalog.read()
-        return {name: rows for name, rows in state.live.items() if name not in present}
-
-    def sealed_segment_rows(self) -> dict[str, int]:
-        """Row counts of the sealed segments this handle remembers for eviction (a copy; a
-        sealed segment never changes, so its control page is read once)."""
-        return dict(self._sealed_rows)
-
-    def segment_state(self, path: Path) -> tuple[int, int, int]:
-        """``(state, committed, synced)`` from a segment's control page (0s if it is gone)."""
-        return segment_state(path)
+        gone: name -> rows lost."""
+        return self.files.lost_segments(state)
 
     # -- reading --------------------------------------------------------------------------
     def refresh(self, *, scan: bool = True) -> None:
@@ -462,14 +394,14 @@ class ReplayStore:
         from .verify import verify_store
 
         self._check()
-        return verify_store(self, fast=fast, notes=notes)
+        return verify_store(self.files, fast=fast, notes=notes, writable=self.mode == "a")
 
     def masked_rows(self) -> int:
         """Damaged rows a repair masked (in files unchanged since): left out of every batch."""
         from .verify import masked_rows
 
         self._check()
-        return masked_rows(self)
+        return masked_rows(self.files)
 
     def repair(self) -> Any:
         """Run recovery, write back damaged stamps and control slots, mask damaged rows (their

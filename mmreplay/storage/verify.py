@@ -45,6 +45,7 @@ from .locks import ADMIN, writer_lock_name
 from .manifest import MANIFEST, load_manifest, restore_manifest
 
 if TYPE_CHECKING:
+    from .files import StoreFiles
     from .store import ReplayStore
 
 
@@ -89,9 +90,11 @@ class RepairReport:
         return self.rows_quarantined + self.rows_lost
 
 
-def verify_store(store: ReplayStore, *, fast: bool = False, notes: list[Problem] | None = None) -> list[Problem]:
-    """Every problem found in ``store``'s segment files (an empty list means clean); findings that
-    cost nothing are appended to ``notes`` when given."""
+def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] | None = None,
+                 writable: bool = False) -> list[Problem]:
+    """Every problem found in the store's segment files (an empty list means clean); findings that
+    cost nothing are appended to ``notes`` when given. ``writable``: the caller may take locks
+    (a dead writer's open segment is then reported as needing recovery)."""
     problems: list[Problem] = []
     notes = notes if notes is not None else []
     state = store.catalog.read() if store.catalog.path.exists() else None
@@ -114,7 +117,7 @@ def verify_store(store: ReplayStore, *, fast: bool = False, notes: list[Problem]
             problems.append(Problem(name, None, "not a segment file name"))
             continue
         problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast, masks=masks, live=live,
-                                        notes=notes))
+                                        notes=notes, writable=writable))
     for name, rows in sorted(store.lost_segments(state).items()):
         problems.append(Problem(name, None, f"lost: the catalog lists it sealed with {rows} rows, and its file is "
                                             "gone (it was not evicted)", fix="lost"))
@@ -125,14 +128,14 @@ def verify_store(store: ReplayStore, *, fast: bool = False, notes: list[Problem]
     return problems
 
 
-def _masks(store: ReplayStore) -> dict[str, SegmentRecord]:
+def _masks(store: StoreFiles) -> dict[str, SegmentRecord]:
     """Masks (``verify --repair``) recorded in the catalog, by segment name."""
     if not store.catalog.path.exists():
         return {}
     return {n: r for n, r in store.catalog.read().checks.items() if r.masked}
 
 
-def masked_rows(store: ReplayStore) -> int:
+def masked_rows(store: StoreFiles) -> int:
     """Rows masked by a repair in segment files still unchanged since (left out of every batch)."""
     total = 0
     for name, rec in _masks(store).items():
@@ -148,8 +151,9 @@ def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
     return ", ".join(f"{a}-{b - 1}" for a, b in ranges[:5]) + (f" and {len(ranges) - 5} more" if len(ranges) > 5 else "")
 
 
-def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, fast: bool,
-                    masks: dict[str, SegmentRecord], live: dict[str, int], notes: list[Problem]) -> list[Problem]:
+def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, fast: bool,
+                    masks: dict[str, SegmentRecord], live: dict[str, int], notes: list[Problem],
+                    writable: bool) -> list[Problem]:
     name = path.name
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
@@ -183,7 +187,7 @@ def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, 
             n = min(c.committed, h.usable_records)
             if c.state != STATE_SEALED:
                 lock = store.lock(writer_lock_name(h.writer_id))
-                if store.mode == "a" and lock.acquire(exclusive=True):
+                if writable and lock.acquire(exclusive=True):
                     lock.release()
                     return [Problem(name, None, "open segment of a dead writer: needs recovery (the next writable "
                                                 "open does it)")]
@@ -214,22 +218,24 @@ def _verify_segment(store: ReplayStore, path: Path, parsed: tuple[int, int], *, 
         seg.close()
 
 
-def repair_store(store: ReplayStore) -> RepairReport:
+def repair_store(handle: ReplayStore) -> RepairReport:
     """Recover, write back stamps and control slots, mask and quarantine (see the module
-    docstring); needs no live writer."""
+    docstring); needs no live writer. ``handle``: the writable store handle the repair runs in
+    (what its open recovered and restored is reported too)."""
     from .recovery import recover_abandoned
 
+    store = handle.files
     admin = store.lock(ADMIN)
     if not admin.acquire(exclusive=True):
         raise StoreLockedError(f"{store.path} has active writers; close them before repairing")
     try:
         out = RepairReport()
         # what the writable open that this repair runs in recovered, and anything left since
-        for report in (getattr(store, "recovery_report", None), recover_abandoned(store)):
+        for report in (handle.recovery_report, recover_abandoned(store)):
             if report:
                 out.actions += report.lines()
                 out.rows_lost += report.rows_lost  # (rows it masked are masked again below, and counted there)
-        store.recovery_report = None  # reported
+        handle.recovery_report = None  # reported
         for name, rows in sorted(store.lost_segments().items()):  # nothing brings them back: acknowledge
             store.catalog.departed(name, "removed", "lost")
             out.actions.append(f"acknowledged the loss of {name} ({rows:,} rows): its file is gone")
@@ -237,9 +243,9 @@ def repair_store(store: ReplayStore) -> RepairReport:
         manifest, damaged = load_manifest(store.path)
         if damaged:
             restore_manifest(store.path, manifest, damaged)
-        restored = sorted({*damaged, *getattr(store, "manifest_restored", ())})  # (here, or by the open)
+        restored = sorted({*damaged, *handle.manifest_restored})  # (here, or by the open)
         out.actions += [f"wrote back {name} from the manifest's other copy" for name in restored]
-        store.manifest_restored = []
+        handle.manifest_restored = []
         notes: list[Problem] = []
         found = verify_store(store, notes=notes)
         for problem in found + notes:  # what is written back first: it changes the files' identities
@@ -280,7 +286,7 @@ def repair_store(store: ReplayStore) -> RepairReport:
         admin.release()
 
 
-def _rows_of(store: ReplayStore, name: str, live: dict[str, int]) -> int | None:
+def _rows_of(store: StoreFiles, name: str, live: dict[str, int]) -> int | None:
     """Rows of segment ``name``: the catalog's count, else its control page's (read without its
     header), else None."""
     from .segment import segment_state
@@ -297,7 +303,7 @@ def _rows_of(store: ReplayStore, name: str, live: dict[str, int]) -> int | None:
     return committed if state == STATE_SEALED else None
 
 
-def _write_back(store: ReplayStore, problem: Problem) -> str:
+def _write_back(store: StoreFiles, problem: Problem) -> str:
     """Write back a segment's damaged stamps (of rows whose records verify) or control slot."""
     from .recovery import seal_checked
 

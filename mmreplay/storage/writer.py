@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from dataclasses import dataclass
 import secrets
 import threading
 import time
@@ -69,16 +70,32 @@ from .segment import Segment
 from .locks import ADMIN
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
-    from .store import ReplayStore
+    from .files import StoreFiles
 
 Durability = Literal["process", "segment", "batch"]
 _DONE, _NOT_DONE = np.ones(1, np.bool_), np.zeros(1, np.bool_)  # a single lane's last step done or not
 _DONE.flags.writeable = _NOT_DONE.flags.writeable = False
 _PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-__all__ = ["MAX_WRITERS", "Durability", "Writer"]
+__all__ = ["MAX_WRITERS", "Durability", "Writer", "WriterHooks"]
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class WriterHooks:
+    """What a writer tells the store handle that opened it (``ReplayStore.writer``): rows were
+    published (its readers see them at their next refresh), a segment was taken (a directory scan
+    is due), a segment was sealed (its rows need no check by this handle), the writer closed."""
+
+    published: Callable[[], None] = _nothing
+    rolled: Callable[[], None] = _nothing
+    sealed: Callable[[str], None] | None = None
+    closed: Callable[[Writer], None] = _nothing
 
 
 class Writer:
@@ -101,7 +118,7 @@ class Writer:
 
     def __init__(
         self,
-        store: ReplayStore,
+        store: StoreFiles,
         *,
         lanes: int,
         writer_id: int | None,
@@ -111,10 +128,12 @@ class Writer:
         publish_rows: int = 1024,
         publish_interval_s: float = 0.005,
         lane_segments: bool | None = None,
+        hooks: WriterHooks | None = None,
     ) -> None:
         if lane_segments not in (None, True, False):
             raise ValueError(f"`lane_segments` must be True, False or None (the default's choice), got {lane_segments!r}")
-        self.store = store
+        self.files = store
+        self.hooks = hooks or WriterHooks()
         self.lanes = int(lanes)
         self.durability = durability
         self.cast, self.nonfinite = cast, nonfinite
@@ -144,7 +163,8 @@ class Writer:
         self.rows_written = 0
         # each chain is a session of its own to readers and recovery (its own epoch)
         epochs = [self.epoch, *(secrets.randbits(63) | 1 for _ in range(self._chains - 1))]
-        self._supply = SegmentSupply(store, self.writer_id, seg_lanes, self.usable, epochs, durability)
+        self._supply = SegmentSupply(store, self.writer_id, seg_lanes, self.usable, epochs, durability,
+                                     self.hooks.sealed)
         self._segs: tuple[Segment, ...] = ()  # the open segment of each chain (none before the first roll)
         self._n = 0  # rows written to each open segment (the chains move in step)
         self._synced = 0
@@ -265,8 +285,7 @@ class Writer:
             self._closed = True
             atexit.unregister(self._atexit)
             self._release_locks()
-            if self in self.store._writers:
-                self.store._writers.remove(self)
+            self.hooks.closed(self)
 
     def __enter__(self) -> Writer:
         return self
@@ -460,7 +479,7 @@ class Writer:
         if order_next:
             self._supply.prefetch()
             self._order_at = self.usable + 1  # ordered: the supply is busy until the next roll
-        self.store._dirty = True
+        self.hooks.published()
 
     def _publish(self) -> None:
         """Stamp rows ``[pub, n)`` of each open segment as one commit group and publish them
@@ -484,7 +503,7 @@ class Writer:
         self._segs = nxt
         self._n = self._synced = self._pub = 0
         self._order_at = 0 if nxt[0].header.chain_index > 0 else -(-self.usable // 2)
-        self.store._need_scan = True
+        self.hooks.rolled()
 
     def _wait_syncs(self) -> None:
         try:

@@ -370,7 +370,7 @@ def test_collect_summary_says_when_a_full_disk_evicted(tmp_path):
     path = tmp_path / "s"
     collect("CartPole-v1", path, 600, workers=0, seed=0, progress=False, segment_records=128)
     with mmreplay.open_store(path, mode="a") as st:
-        assert st.evict_for_new_segment(force_one=True)  # what the writer does when the disk is full
+        assert st.files.evict_for_new_segment(force_one=True)  # what the writer does when the disk is full
     r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(path), "--steps", "100", "--workers", "0"])
     assert r.exit_code == 0, r.output
     assert "the disk was full: 1 segment(s) were evicted" in r.output

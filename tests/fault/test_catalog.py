@@ -69,7 +69,7 @@ def test_evictions_are_recorded_with_their_reason(tmp_path):
     assert _write(tmp_path / "s", 1, 120) == 0
     with mmreplay.open_store(tmp_path / "s", mode="a") as st:
         assert st.info()["evictions"].get("capacity", 0) >= 3 and st.lost_segments() == {}
-        st.evict_for_new_segment(force_one=True)  # what a full disk does with on_full="evict"
+        st.files.evict_for_new_segment(force_one=True)  # what a full disk does with on_full="evict"
         assert st.info()["evictions"]["disk"] == 1 and st.lost_segments() == {}
     assert "for capacity" in CliRunner().invoke(main, ["info", str(tmp_path / "s")]).output
 

@@ -380,7 +380,8 @@ def test_lane_segments_keep_each_lanes_steps_consecutive_and_are_the_default_for
     frames = mmreplay.Schema.transition(obs_shape=(64, 64), obs_dtype=np.uint8)  # 4 KiB rows
     s = mmreplay.create_store(tmp_path / "f", frames, capacity=4 * 3 * 32, segment_records=32)
     lane_t = lambda t: np.stack([np.full((64, 64), j * 70 + t, np.uint8) for j in range(3)])  # noqa: E731
-    with s.writer(lanes=3, publish_rows=30) as w:
+    # (no timed publish: on a loaded machine the 5 ms timer would publish a few steps early)
+    with s.writer(lanes=3, publish_rows=30, publish_interval_s=60) as w:
         assert w.lane_segments and w.stats()["lane_segments"]
         for t in range(10):
             w.add(obs=lane_t(t), action=np.zeros(3, np.int64), reward=np.full(3, t, np.float32),
@@ -483,12 +484,12 @@ def test_segments_are_made_on_the_writers_thread_and_catalogued_by_it(tmp_path, 
     assert len(makers) == 5 and set(makers) == {threading.current_thread()}
     w.flush()  # waits for the background syncs: what they closed is catalogued, as checked
     names = {f"{i:013d}-w{w.writer_id:03d}.seg" for i in range(3)}
-    state = s.catalog.read()
+    state = s.files.catalog.read()
     assert set(state.live) == names and set(state.checks) == names
     for t in range(64 * 3 + 1, 64 * 4 + 10):
         w.add(**step(1, t))
     w.close()
-    assert len(s.catalog.read().live) == 5  # the last, partial segment is sealed and catalogued by close
+    assert len(s.files.catalog.read().live) == 5  # the last, partial segment is sealed and catalogued by close
     s.close()
 
 
@@ -499,15 +500,15 @@ def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(t
     a, b = mmreplay.open_store(tmp_path / "s", mode="a"), mmreplay.open_store(tmp_path / "s", mode="a")
     from mmreplay.storage.format import STATE_SEALED
 
-    reads = []  # (handle, segment, read as sealed)
-    real = mmreplay.storage.store.ReplayStore.segment_state
+    reads = []  # (handle's files, segment, read as sealed)
+    real = mmreplay.storage.files.StoreFiles.segment_state
 
     def spy(self, path):
         out = real(self, path)
         reads.append((id(self), path.name, out[0] == STATE_SEALED))
         return out
 
-    monkeypatch.setattr(mmreplay.storage.store.ReplayStore, "segment_state", spy)
+    monkeypatch.setattr(mmreplay.storage.files.StoreFiles, "segment_state", spy)
     wa, wb = a.writer(lanes=1), b.writer(lanes=1)
     for t in range(1000):
         (wa if t % 200 < 100 else wb).add(**step(1, t))  # the handles take turns, 100 rows each
@@ -515,8 +516,8 @@ def test_eviction_reads_each_sealed_control_page_once_and_forgets_evicted_ones(t
     wb.close()
     on_disk = {p.name for p in (tmp_path / "s" / "segments").iterdir()}
     for h in (a, b):
-        h.evict_for_new_segment()
-        assert set(h.sealed_segment_rows()) <= on_disk  # evicted segments were forgotten
+        h.files.evict_for_new_segment()
+        assert set(h.files.sealed_rows) <= on_disk  # evicted segments were forgotten
     seen_sealed, again = set(), []
     for handle, name, sealed in reads:
         if (handle, name) in seen_sealed:
