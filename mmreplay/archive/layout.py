@@ -27,6 +27,7 @@ FORMAT_VERSION = 1
 TABLE_COLUMNS = ("segment_id", "writer_id", "lanes", "session_epoch", "chain_index", "first_seq",
                  "usable_records", "committed", "state", "created_ns")
 COL = {name: i for i, name in enumerate(TABLE_COLUMNS)}  # column index of each name
+SEALED, OPEN = 2, 1  # the segment table's ``state`` column
 _TABLE_CHUNK = 1024
 MASKED_TEXT = ("row failed its checksums in the store (damaged): its fields are zeros, not data; leave out the "
                "episode that holds it")

@@ -55,13 +55,12 @@ import numpy as np
 from ..core import failpoint as _failpoint
 from ..core.errors import ArchiveError, CorruptArchiveError
 from ..core.fs import atomic_write
-from ..storage.format import STATE_SEALED
-from .layout import COL, committed_extent, open_group, read_meta, read_rows
+from .layout import COL, SEALED, committed_extent, open_group, read_masked, read_meta, read_rows
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ..storage.store import ReplayStore
+    from ..storage import Ingest, ReplayStore
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +120,20 @@ class _Ledger:
                 "segments": self.segments, "sessions": self.sessions, "archives": self.archives}
         atomic_write(store.path / LEDGER, json.dumps(body, separators=(",", ":")).encode())
 
-    def settle(self, store: ReplayStore) -> bool:
+    def settle(self, ing: Ingest) -> bool:
         """Resolve pending entries a crash left: done if their segment file exists, else forgotten."""
-        from ..storage.segment import segment_name
+        from ..core.errors import CorruptSegmentError
 
         changed = False
         for key, e in list(self.segments.items()):
             if e[_DONE]:
                 continue
             changed = True
-            if (store.segments_dir / segment_name(e[_SID], e[_WID])).exists():
+            try:
+                there = ing.segment(e[_SID], e[_WID]) is not None
+            except CorruptSegmentError:  # there, damaged (verify reports it)
+                there = True
+            if there:
                 e[_DONE] = 1
             else:
                 del self.segments[key]
@@ -206,9 +209,7 @@ def ingest_archives(
     of another schema or ``segment_records``, ``CorruptArchiveError`` for a damaged chunk (the
     segments before it stay ingested).
     """
-    from ..storage.ingest import admin_lock, claim_writer_id, clear_staging
-    from ..storage.locks import INGEST
-    from ..storage.store import ReplayStore, open_store
+    from ..storage import Ingest, ReplayStore, open_store
 
     own = not isinstance(store, ReplayStore)
     st = open_store(store, mode="a") if own else store
@@ -218,33 +219,18 @@ def ingest_archives(
             from ..core.errors import ReadOnlyStoreError
 
             raise ReadOnlyStoreError(f"{st.path} was opened with mode='r'; ingesting needs mode='a'")
-        gate = st.files.lock(INGEST)
-        gate.acquire(exclusive=True, blocking=True)
-        try:
-            admin = admin_lock(st, exclusive=False)
-            try:
-                wid, wlock = claim_writer_id(st, "ingest")
-                try:
-                    clear_staging(st)
-                    ledger = _Ledger.load(st)
-                    if ledger.settle(st):
-                        ledger.save(st)
-                    found = [(a, a == str(u)) for u in urls for a in archive_urls(u, storage_options)]
-                    return _ingest_all(st, ledger, found, wid, storage_options, max_segments)
-                finally:
-                    wlock.release()
-            finally:
-                admin.release()
-        finally:
-            gate.release()
-            if not own:
-                st.refresh()
+        with Ingest(st, gate=True) as ing:  # one shipping ingest at a time, a writer id of its own
+            ledger = _Ledger.load(st)
+            if ledger.settle(ing):
+                ledger.save(st)
+            found = [(a, a == str(u)) for u in urls for a in archive_urls(u, storage_options)]
+            return _ingest_all(st, ledger, found, ing, storage_options, max_segments)
     finally:
         if own:
             st.close()
 
 
-def _ingest_all(store: ReplayStore, ledger: _Ledger, urls: list[tuple[str, bool]], wid: int,
+def _ingest_all(store: ReplayStore, ledger: _Ledger, urls: list[tuple[str, bool]], ing: Ingest,
                 storage_options: dict[str, Any] | None, max_segments: int | None) -> IngestReport:
     tot = {"rows": 0, "segments": 0, "skipped": 0, "waiting": 0, "conflicts": 0, "archives": 0}
     left = max_segments if max_segments is not None else 1 << 62
@@ -255,7 +241,7 @@ def _ingest_all(store: ReplayStore, ledger: _Ledger, urls: list[tuple[str, bool]
         if not named and not isinstance(g.attrs.get("mmreplay"), dict):
             log.debug("%s: no archive metadata yet (being created?); looked at next time", u)
             continue  # found under a root: its first export may be writing the layout right now
-        left -= _ingest_one(store, ledger, g, u, wid, left, tot)
+        left -= _ingest_one(store, ledger, g, u, ing, left, tot)
         tot["archives"] += 1
     return IngestReport(tot["rows"], tot["segments"], tot["skipped"], tot["waiting"], tot["conflicts"],
                         tot["archives"])
@@ -271,7 +257,7 @@ def _check_compatible(store: ReplayStore, meta: dict[str, Any], url: str) -> Non
                            hint=f"create the learner's store with segment_records={meta['segment_records']}")
 
 
-def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, wid: int, left: int,
+def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, ing: Ingest, left: int,
                 tot: dict[str, int]) -> int:
     """Ingest one archive (zarr group ``g`` at ``url``; at most ``left`` segments); returns segments added."""
     meta = read_meta(g, url)
@@ -289,7 +275,7 @@ def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, wid: int,
     jobs = []
     for o in range(start, count):
         row = table[o - start]
-        if int(row[COL["state"]]) != STATE_SEALED:
+        if int(row[COL["state"]]) != SEALED:
             tot["waiting"] += 1
             continue
         key = f"{src}:{int(row[COL['segment_id']])}"
@@ -307,16 +293,17 @@ def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, wid: int,
                         "not ingested again", url, key)
     jobs.sort(key=lambda j: int(j.row[COL["segment_id"]]))  # chain order within each session
     jobs = jobs[:left]
-    arrays = {name: g[name] for name in (*(f"fields/{n}" for n in store.schema.names), "is_last")} if jobs else {}
+    names = (*(f"fields/{n}" for n in store.schema.names), "is_last", "masked" if "masked" in g else "episode")
+    arrays = {name: g[name] for name in names} if jobs else {}
     for i in range(0, len(jobs), _BATCH):
         batch = jobs[i:i + _BATCH]
-        _plan_batch(store, ledger, batch, wid)
+        _plan_batch(ledger, batch, ing)
         ledger.save(store)  # pending: a crash from here on is settled by the next call
         if _failpoint.ACTIVE:
             _failpoint.hit("ingest_after_pending")
         try:
             for job in batch:
-                tot["rows"] += _build(store, ledger, arrays, job)
+                tot["rows"] += _build(store, ledger, arrays, job, ing)
                 if _failpoint.ACTIVE:
                     _failpoint.hit("ingest_after_build")
                 tot["segments"] += 1
@@ -344,23 +331,20 @@ def _table_rows(g: Any, start: int, count: int) -> np.ndarray:
     return t
 
 
-def _plan_batch(store: ReplayStore, ledger: _Ledger, batch: list[_Job], wid: int) -> None:
+def _plan_batch(ledger: _Ledger, batch: list[_Job], ing: Ingest) -> None:
     """Give each job its learner segment id (evicting like a writer) and record it pending."""
-    from ..storage.ingest import allocate_segment
-
     for job in batch:
         row = job.row
         if job.session not in ledger.sessions:  # a new source session: its learner (writer id, epoch)
-            ledger.sessions[job.session] = [wid, secrets.randbits(63) | 1]
-        sid = allocate_segment(store)
+            ledger.sessions[job.session] = [ing.writer_id, secrets.randbits(63) | 1]
+        sid = ing.new_segment_id()
         job.entry = ledger.segments[job.key] = [sid, ledger.sessions[job.session][0], int(row[COL["committed"]]), 0,
                                                 0, int(row[COL["session_epoch"]]), int(row[COL["chain_index"]])]
 
 
-def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Job) -> int:
-    """Read one archived segment and build it as the learner segment its ledger entry names."""
-    from ..storage.ingest import build_segment, make_header
-
+def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Job, ing: Ingest) -> int:
+    """Read one archived segment and build it as the learner segment its ledger entry names (its
+    masked rows masked again)."""
     row, e = job.row, job.entry
     assert e is not None
     R = store.segment_records
@@ -376,11 +360,10 @@ def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Jo
     for f in store.schema.fields:
         crc = _crc32c.crc32c(fields[f.name], crc)
     crc = _crc32c.crc32c(last, crc)
-    header = make_header(store, segment_id=e[_SID], writer_id=e[_WID], lanes=int(row[COL["lanes"]]),
-                         session_epoch=ledger.sessions[job.session][1], chain_index=int(row[COL["chain_index"]]),
-                         first_seq=int(row[COL["first_seq"]]), usable_records=usable,
-                         created_ns=int(row[COL["created_ns"]]))
-    build_segment(store, header, fields, last)
+    ing.build(segment_id=e[_SID], writer_id=e[_WID], lanes=int(row[COL["lanes"]]),
+              session_epoch=ledger.sessions[job.session][1], chain_index=int(row[COL["chain_index"]]),
+              first_seq=int(row[COL["first_seq"]]), usable_records=usable, created_ns=int(row[COL["created_ns"]]),
+              fields=fields, is_last=last, masked=read_masked(arrays, sel))
     e[_CRC] = int(crc)
     e[_DONE] = 1
     return n

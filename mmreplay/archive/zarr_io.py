@@ -69,10 +69,9 @@ import numpy as np
 from ..core.episodes import LaneCarry, masked_last, segment_episodes
 from ..core.fs import atomic_write
 from ..core.schema import Schema
-from ..storage.format import STATE_SEALED
-from .layout import (COL, MARKER, ArchiveError, CorruptArchiveError, add_masked, committed_extent, create_layout,
+from ..storage import segment_rows
+from .layout import (COL, MARKER, OPEN, SEALED, ArchiveError, CorruptArchiveError, add_masked, committed_extent, create_layout,
                      open_group, read_masked, read_meta, read_rows, read_table, resize_layout)
-from .rows import read_segment
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,13 +134,14 @@ class _Job:
 def _plan(store: ReplayStore, table: np.ndarray, include_open: bool) -> list[_Job]:
     where = {int(sid): i for i, sid in enumerate(table[:, COL["segment_id"]])}
     jobs = []
-    for sid, m in sorted(store.reader.segments.items()):
-        if m.committed == 0 or (m.state != STATE_SEALED and not include_open):
+    for m in store.segments(unchecked=True):
+        if m.committed == 0 or (not m.sealed and not include_open):
             continue
-        o = where.get(sid, -1)
-        if o >= 0 and table[o, COL["committed"]] == m.committed and table[o, COL["state"]] == m.state:
+        state = SEALED if m.sealed else OPEN
+        o = where.get(m.segment_id, -1)
+        if o >= 0 and table[o, COL["committed"]] == m.committed and table[o, COL["state"]] == state:
             continue
-        jobs.append(_Job(sid, m.name, int(m.committed), int(m.state), m.header, o))
+        jobs.append(_Job(m.segment_id, m.name, int(m.committed), state, m, o))
     return jobs
 
 
@@ -283,7 +283,7 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
     done = written = nbytes = damaged = episodes_masked = 0
     cache: dict[tuple[int, int, int], LaneCarry] = {}
     for job in jobs:
-        data = read_segment(store, job.sid, job.name, job.rows, verify)
+        data = segment_rows(store, job.header, rows=job.rows, verify=verify)
         if data is None:
             continue  # evicted since the plan: it was never archived, so nothing refers to it
         h, n = job.header, job.rows
@@ -333,8 +333,7 @@ def import_archive(
     resumes. ``max_rows`` imports only the newest segments (by segment id) holding at least that
     many rows. Needs the store to itself (``StoreLockedError`` while a writer is active).
     """
-    from ..storage.ingest import admin_lock, build_segment, clear_staging, make_header
-    from ..storage.segment import segment_name
+    from ..storage import Ingest
 
     g = open_group(url, "r", storage_options)
     meta = read_meta(g, url)
@@ -342,10 +341,8 @@ def import_archive(
     table = read_table(g, count)
     store = _target_store(Path(path), meta, url)
     try:
-        lock = admin_lock(store, exclusive=True)
-        try:
-            clear_staging(store)
-            todo, have = _import_plan(store, table, max_rows)
+        with Ingest(store, exclusive=True, claim=False) as ing:
+            todo, have = _import_plan(ing, store, table, max_rows)
             R = store.segment_records
             total = int(sum(table[o, COL["committed"]] for o in todo))
             done = 0
@@ -353,24 +350,18 @@ def import_archive(
                 row = table[o]
                 n = int(row[COL["committed"]])
                 sel = slice(o * R, o * R + n)
-                fields = {f.name: read_rows(g, f"fields/{f.name}", sel) for f in store.schema.fields}
-                last = np.asarray(read_rows(g, "is_last", sel), np.bool_)
-                masked = read_masked(g, sel)
-                header = make_header(store, segment_id=row[COL["segment_id"]], writer_id=row[COL["writer_id"]],
-                                     lanes=row[COL["lanes"]], session_epoch=row[COL["session_epoch"]],
-                                     chain_index=row[COL["chain_index"]], first_seq=row[COL["first_seq"]],
-                                     usable_records=row[COL["usable_records"]], created_ns=row[COL["created_ns"]])
-                name = segment_name(header.segment_id, header.writer_id)
-                if not 0 < n <= header.usable_records <= R:
-                    raise CorruptArchiveError(f"{url}: segment_table row {o} ({name}) has committed={n}, "
-                                              f"usable={header.usable_records}, segment_records={R}")
-                build_segment(store, header, fields, last, masked=masked)
+                usable = int(row[COL["usable_records"]])
+                if not 0 < n <= usable <= R:
+                    raise CorruptArchiveError(f"{url}: segment_table row {o} (segment {int(row[COL['segment_id']])}) "
+                                              f"has committed={n}, usable={usable}, segment_records={R}")
+                ing.build(segment_id=row[COL["segment_id"]], writer_id=row[COL["writer_id"]], lanes=row[COL["lanes"]],
+                          session_epoch=row[COL["session_epoch"]], chain_index=row[COL["chain_index"]],
+                          first_seq=row[COL["first_seq"]], usable_records=usable, created_ns=row[COL["created_ns"]],
+                          fields={f.name: read_rows(g, f"fields/{f.name}", sel) for f in store.schema.fields},
+                          is_last=np.asarray(read_rows(g, "is_last", sel), np.bool_), masked=read_masked(g, sel))
                 done += n
                 if progress is not None:
                     progress(done, total)
-            clear_staging(store)
-        finally:
-            lock.release()
         return ImportReport(str(path), len(todo), done, len(todo) + have,
                             int(sum(table[o, COL["committed"]] for o in _selected(table, max_rows))))
     finally:
@@ -419,29 +410,21 @@ def _selected(table: np.ndarray, max_rows: int | None) -> list[int]:
     return sorted(out, key=lambda o: int(table[o, COL["segment_id"]]))
 
 
-def _import_plan(store: ReplayStore, table: np.ndarray, max_rows: int | None) -> tuple[list[int], int]:
+def _import_plan(ing: Any, store: ReplayStore, table: np.ndarray, max_rows: int | None) -> tuple[list[int], int]:
     """Ordinals whose segment the store lacks or holds fewer rows of; and how many are there already."""
-    from ..storage.format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, Header, read_control
-    from ..storage.segment import segment_name
-
     todo, have = [], 0
     for o in _selected(table, max_rows):
         row = table[o]
-        name = segment_name(int(row[COL["segment_id"]]), int(row[COL["writer_id"]]))
-        try:
-            with open(store.segments_dir / name, "rb") as fh:
-                head = fh.read(CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE)
-        except FileNotFoundError:
+        m = ing.segment(int(row[COL["segment_id"]]), int(row[COL["writer_id"]]))
+        if m is None:
             todo.append(o)
             continue
-        h = Header.unpack(head, name)
-        control, _ = read_control(head[CONTROL_OFFSET:])
-        ident = (h.lanes, h.session_epoch, h.chain_index, h.first_seq, h.usable_records)
+        ident = (m.lanes, m.session_epoch, m.chain_index, m.first_seq, m.usable_records)
         want = tuple(int(row[COL[c]]) for c in ("lanes", "session_epoch", "chain_index", "first_seq", "usable_records"))
         if ident != want:
-            raise ArchiveError(f"{store.path}: segment {name} exists but is not the archived one "
+            raise ArchiveError(f"{store.path}: segment {m.name} exists but is not the archived one "
                                "(written after the import?)", hint="import into a new path")
-        if control is not None and control.state == STATE_SEALED and control.committed == int(row[COL["committed"]]):
+        if m.sealed and m.committed == int(row[COL["committed"]]):
             have += 1
         else:
             todo.append(o)

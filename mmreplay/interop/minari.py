@@ -359,7 +359,7 @@ def import_minari(
     """
     from minari.serialization import serialize_space
 
-    from ..storage.ingest import SessionIngest
+    from ..storage import SessionIngest
     from ..storage.store import create_store
 
     minari = _require_minari()

@@ -19,9 +19,11 @@ open one; every lock name, segment state and writer-id claim lives in this room,
 outside it reads or writes a store's or writer's private members.
 """
 
+from .exchange import Ingest, SegmentInfo, SegmentRows, SessionIngest, segment_rows
 from .opening import open_or_create
 from .store import ReplayStore, create_store, open_store
 from .view import TransitionBatch
 from .writer import Writer
 
-__all__ = ["ReplayStore", "TransitionBatch", "Writer", "create_store", "open_or_create", "open_store"]
+__all__ = ["Ingest", "ReplayStore", "SegmentInfo", "SegmentRows", "SessionIngest", "TransitionBatch", "Writer",
+           "create_store", "open_or_create", "open_store", "segment_rows"]

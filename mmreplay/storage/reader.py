@@ -508,6 +508,14 @@ class StoreReader:
         ok = in_seg | cross
         return ok, np.where(in_seg, k, np.maximum(succ, 0)), np.where(in_seg, nxt, np.maximum(nslot, 0))
 
+    def damaged_slots(self, segment_id: int) -> tuple[np.ndarray, bool]:
+        """``(masked slots, not checked yet)`` of a segment this reader maps (none and False if
+        it maps no such segment)."""
+        m = self.segments.get(int(segment_id))
+        if m is None:
+            return np.zeros(0, np.int64), False
+        return (m.patch.zero if m.patch is not None else np.zeros(0, np.int64)), m.pending
+
     def flag_bytes(self, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """The ``is_last`` bytes of rows ``slot`` of segments ``k``: 0, 1 (an episode's final
         observation) or ``format.MASKED`` (a damaged row, excluded)."""

@@ -354,6 +354,18 @@ class ReplayStore:
         if self._need_scan or self._dirty:
             self.refresh(scan=self._need_scan)
 
+    def segments(self, *, unchecked: bool = False) -> list[Any]:
+        """The segments this handle serves, as of the last refresh, in id order: one
+        :class:`mmreplay.storage.SegmentInfo` each (name, ids, lanes, chain, rows, sealed).
+        ``unchecked``: also the sealed segments whose check has not run yet (not served yet)."""
+        from .exchange import segment_info
+
+        self._check()
+        self.sync_local()
+        ms = sorted((m for m in self.reader.segments.values() if not m.failed and (unchecked or not m.pending)),
+                    key=lambda m: m.header.segment_id)
+        return [segment_info(m.name, m.header, m.committed, m.state == STATE_SEALED) for m in ms]
+
     def transition_ids(self) -> np.ndarray:
         """Global ids of every sampleable transition start (for tests and tools; O(rows))."""
         self._check()
