@@ -34,9 +34,9 @@ from .sampling.prioritized import PrioritizedSampler  # noqa: E402
 from .sampling.uniform import TransitionSampler, UniformSampler  # noqa: E402
 from .core.schema import Field, Schema  # noqa: E402
 from .sampling.sequence import SequenceBatch, SequenceSampler  # noqa: E402
-from .storage.store import ReplayStore, create_store, open_store  # noqa: E402
-from .storage.view import TransitionBatch  # noqa: E402
-from .storage.writer import Writer  # noqa: E402
+from .storage import ReplayStore, create_store, open_store  # noqa: E402
+from .storage import TransitionBatch  # noqa: E402
+from .storage import Writer  # noqa: E402
 
 __all__ = [
     "ActorPool",

@@ -33,7 +33,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .sampling.uniform import TransitionSampler
-    from .storage.view import TransitionBatch
+    from .storage import TransitionBatch
 
 
 @dataclass

@@ -165,7 +165,7 @@ def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_
     compatibility rule: the same schema, and ``segment_records`` when given).
     """
     from ..core.schema import Schema
-    from ..storage.opening import open_or_create as _open
+    from ..storage import open_or_create as _open
 
     return _open(path, Schema.from_spaces(observation_space, action_space), capacity,
                  segment_records=segment_records, metadata=metadata, what="this env", writers=writers)

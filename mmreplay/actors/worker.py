@@ -244,7 +244,7 @@ def run_worker(
     is False the actor publishes what it gathered and waits (the trainer's samples-per-insert limit).
     ``should_stop()`` is asked once per gathered block (at most ``gather_steps`` vector steps apart).
     """
-    from ..storage.store import open_store
+    from ..storage import open_store
 
     store = open_store(cfg.store, mode="a")
     next_step = cfg.autoreset_mode.replace("-", "_") == "next_step"

@@ -20,7 +20,7 @@ from ..core.version import __version__
 
 if TYPE_CHECKING:
     from ..core.schema import Schema
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 FORMAT = "mmreplay-archive"
 FORMAT_VERSION = 1

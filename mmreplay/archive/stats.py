@@ -41,7 +41,7 @@ import numpy as np
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 __all__ = ["FieldStats", "field_stats"]
 
@@ -155,7 +155,7 @@ def field_stats(
     Raises ``ValueError`` naming the field when the source has no such numeric field, and
     ``EmptyStoreError`` when there is no transition.
     """
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
     if chunk_rows < 1:
         raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
@@ -163,7 +163,7 @@ def field_stats(
         return _store_stats(source, field, cache, chunk_rows, progress)
     path = Path(os.fspath(source)) if "://" not in str(source) else None
     if path is not None and (path / "STORE.json").exists():
-        from ..storage.store import open_store
+        from ..storage import open_store
 
         with open_store(path, mode="r") as store:
             return _store_stats(store, field, cache, chunk_rows, progress)

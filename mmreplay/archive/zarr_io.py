@@ -76,7 +76,7 @@ from .layout import (COL, MARKER, OPEN, SEALED, ArchiveError, CorruptArchiveErro
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 __all__ = [
     "ArchiveError",
@@ -210,7 +210,7 @@ def export_archive(
     ArchiveError
         ``url`` holds something else: another store's archive, another format.
     """
-    from ..storage.store import ReplayStore, open_store
+    from ..storage import ReplayStore, open_store
 
     own = not isinstance(store, ReplayStore)
     st = open_store(store, mode="r") if own else store
@@ -370,7 +370,7 @@ def import_archive(
 
 def _target_store(p: Path, meta: dict[str, Any], url: object) -> ReplayStore:
     """A new store made like the archived one, or an earlier import of this archive."""
-    from ..storage.store import create_store, open_store
+    from ..storage import create_store, open_store
 
     schema = Schema.from_json(meta["schema"])
     if not p.exists():
@@ -447,7 +447,7 @@ def open_archive(
     archive gained. ``max_rows`` keeps only the newest segments holding at least that many rows
     (a window of the archive that fits the local disk).
     """
-    from ..storage.store import open_store
+    from ..storage import open_store
 
     tmp = None
     if cache_dir is None:

@@ -35,7 +35,7 @@ from ..archive.shipping import ingest_archives
 from ._ray_actor import actor_class, ensure_ray
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
     from ._ray_actor import ActorSpec
 
 log = logging.getLogger(__name__)

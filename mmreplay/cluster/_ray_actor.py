@@ -72,7 +72,7 @@ class ActorSpec:
 
 def _open_or_create(path: Path, schema: Schema, capacity: int, segment_records: int, metadata: dict[str, Any]) -> Any:
     """:func:`mmreplay.storage.open_or_create` (it also remakes a store whose creation died)."""
-    from ..storage.opening import open_or_create
+    from ..storage import open_or_create
 
     return open_or_create(path, schema, capacity, segment_records=segment_records, metadata=metadata,
                           what="this run")

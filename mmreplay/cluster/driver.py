@@ -65,7 +65,7 @@ from .local_ray import start_local_ray
 
 if TYPE_CHECKING:
     from ..core.schema import Schema
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def cluster_segment_records(schema: Schema, lanes: int = 1) -> int:
     """Rows per segment for stores that ship to a learner: at most 4096 rows (a segment, and
     so the lag of its first row, fills in well under a second at thousands of steps/s) and at
     most the usual ~32 MiB; a multiple of ``lanes``."""
-    from ..storage.store import default_segment_records
+    from ..storage import default_segment_records
 
     r = min(4096, default_segment_records(schema))
     return max(lanes, r // lanes * lanes)
@@ -334,7 +334,7 @@ class RayActorPool:
 
     def start(self) -> RayActorPool:
         """Start the actors (each loads the policy file's current bytes first: write it before)."""
-        from ..storage.store import open_store
+        from ..storage import open_store
 
         if self._fleet is not None:
             raise RuntimeError("this pool was started already")

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
-    from ..storage.writer import Durability, Writer
+    from ..storage import ReplayStore
+    from ..storage import Durability, Writer
 
 Arrays = dict[str, np.ndarray]
 _ONE = np.ones(1, np.bool_)

@@ -81,8 +81,8 @@ from ..core.errors import SchemaError
 from ..core.schema import Schema
 from ..loader import tensor_batch
 from ..sampling.uniform import UniformSampler
-from ..storage.opening import open_or_create
-from ..storage.view import TransitionBatch, locate_transitions, transitions
+from ..storage import open_or_create
+from ..storage import TransitionBatch, transitions_at
 from ._lanes import LaneWriters
 
 if TYPE_CHECKING:
@@ -311,17 +311,17 @@ class MMReplayBuffer(ReplayBuffer):
         ok, k, slot = store.reader.visible(ids)  # not ok where never filled (-1)
         empty = ids < 0
         if ok.any():
-            whole, nk, ns = locate_transitions(store, k, slot)
+            whole, nk, ns = store.reader.transition_starts(k, slot)
         else:
             whole = nk = ns = ok
         whole &= ok & ~newest
         newest &= ok
         parts, order = [], []
         if whole.any():
-            parts.append(transitions(store, k[whole], slot[whole], ids[whole], nxt=(nk[whole], ns[whole])))
+            parts.append(transitions_at(store, k[whole], slot[whole], ids[whole], nxt=(nk[whole], ns[whole])))
             order.append(np.flatnonzero(whole))
         if newest.any():
-            b = transitions(store, k[newest], slot[newest], ids[newest], nxt=(k[newest], slot[newest]))
+            b = transitions_at(store, k[newest], slot[newest], ids[newest], nxt=(k[newest], slot[newest]))
             nxt = {n.removeprefix("obs/"): v[envs[newest]] for n, v in self.lanes.pending.items()}
             parts.append(_replace(b, next_obs=nxt["obs"] if set(nxt) == {"obs"} else nxt))
             order.append(np.flatnonzero(newest))
@@ -463,7 +463,7 @@ class MMReplayBuffer(ReplayBuffer):
             env = np.arange(bs * n) % n
             newest = ok & (np.arange(bs * n) // n == self._last) & self.lanes.has_pending[env]
             rest = np.flatnonzero(ok & ~newest)
-            whole, nk, ns = locate_transitions(store, k[rest], slot[rest])
+            whole, nk, ns = store.reader.transition_starts(k[rest], slot[rest])
             rest = rest[whole]
             out = {}
             for nm in self._obs_names:

@@ -37,7 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..core.errors import EmptyStoreError, StoreNotFoundError
 from ..loader import tensor_batch
 from ..sampling.uniform import UniformSampler
-from ..storage.store import open_store
+from ..storage import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

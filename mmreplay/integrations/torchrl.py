@@ -47,9 +47,9 @@ from ..core.errors import SchemaError
 from ..core.schema import Field, Schema
 from ..loader import tensor_batch
 from ..sampling.uniform import UniformSampler
-from ..storage.manifest import MANIFEST
-from ..storage.opening import open_or_create
-from ..storage.store import open_store
+from ..storage import MANIFEST
+from ..storage import open_or_create
+from ..storage import open_store
 from ._lanes import LaneWriters
 
 __all__ = ["MMReplaySampler", "MMReplayStorage", "collate"]

@@ -210,7 +210,7 @@ def import_dopamine(
     frame-stack size the buffer was written with (its padding length + 1). ``capacity`` defaults
     to every row imported (no eviction). ``progress(transitions_done, transitions_total)``.
     """
-    from ..storage.store import create_store
+    from ..storage import create_store
 
     d = Path(directory)
     found = checkpoints_in(d)

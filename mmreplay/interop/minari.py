@@ -44,12 +44,12 @@ from ..archive.zarr_io import ArchiveError
 from ..core.episodes import LaneCarry, masked_last, segment_episodes
 from ..core.errors import SchemaError
 from ..core.schema import Field, Schema
-from ..storage.format import MASKED
+from ..storage import MASKED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 __all__ = ["MinariReport", "export_minari", "import_minari"]
 
@@ -236,7 +236,7 @@ def export_minari(
     (a gymnasium ``EnvSpec`` or its JSON) defaults to the store's ``metadata["env_spec"]``.
     ``progress(episodes_done, episodes_total)`` is called after each batch of episodes.
     """
-    from ..storage.store import ReplayStore, open_store
+    from ..storage import ReplayStore, open_store
 
     minari = _require_minari()
     own = not isinstance(store, ReplayStore)
@@ -360,7 +360,7 @@ def import_minari(
     from minari.serialization import serialize_space
 
     from ..storage import SessionIngest
-    from ..storage.store import create_store
+    from ..storage import create_store
 
     minari = _require_minari()
     try:

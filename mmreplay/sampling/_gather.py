@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..storage.view import TransitionBatch, locate_transitions
+from ..storage import TransitionBatch
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 MAX_ROUNDS = 64
 """Rounds of candidates a batch may take before the store counts as having too few."""
@@ -275,7 +275,7 @@ def gather_transitions(store: ReplayStore, plan: TransitionPlan, out: np.ndarray
         if got is None:
             break
         ks, slots = got
-        valid, _, _ = locate_transitions(store, ks, slots)
+        valid, _, _ = store.reader.transition_starts(ks, slots)
         good = np.flatnonzero(valid)[: batch_size - filled]
         picked_k.append(ks[good])
         picked_s.append(slots[good])

@@ -17,7 +17,7 @@ import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ..storage.format import MASKED
+from ..storage import MASKED
 
 
 @intrinsic
@@ -36,7 +36,7 @@ def _memcpy(typingctx, dst, dst_off, src, src_off, n):  # pragma: no cover - com
     return sig, codegen
 
 # columns of the segment table (one row per snapshot segment; built by StoreReader.segment_table)
-from ..storage.table import (  # noqa: E402, F401  (re-exported for the other kernels)
+from ..storage import (  # noqa: E402, F401  (re-exported for the other kernels)
     SEG_BASE,
     SEG_COLS,
     SEG_COMMITTED,

@@ -32,7 +32,7 @@ from ..core.errors import EmptyStoreError
 from ._gather import TransitionPlan, TransitionView, WindowPlan, gather_transitions, gather_windowed, kernels
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 
 class PageFetcher:

@@ -42,8 +42,8 @@ from ._kernels import (
     copy_bytes,
     draw_rows,
 )
-from ..storage.format import MASKED
-from ..storage.format import kernel as storage_kernel
+from ..storage import MASKED
+from ..storage import storage_kernels as storage_kernel
 
 # StoreReader.locate's compiled lookup (global row id -> snapshot segment, slot), storage's own, called
 # here so that explicit starts are located and gathered in one call

@@ -47,8 +47,8 @@ from .uniform import Mode, TransitionSampler
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..storage.store import ReplayStore
-    from ..storage.view import TransitionBatch
+    from ..storage import ReplayStore
+    from ..storage import TransitionBatch
 
 
 class PrioritizedSampler(TransitionSampler):
@@ -154,8 +154,6 @@ class PrioritizedSampler(TransitionSampler):
         yet enter at the maximum priority."""
         if hi <= lo:
             return
-        from ..storage.view import locate_transitions
-
         slot = np.arange(lo, hi)
         if self.windowed:
             valid_starts = self._k.valid_starts
@@ -164,7 +162,7 @@ class PrioritizedSampler(TransitionSampler):
             ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
                               self.n_step, self.gamma, self.frame_stack, np.full(len(slot), k), slot)
         else:
-            ok, _, _ = locate_transitions(self.store, np.full(len(slot), k), slot)
+            ok, _, _ = self.store.reader.transition_starts(np.full(len(slot), k), slot)
         parked = self._parked.get(int(self.store.reader.snapshot.segment_ids[k]))
         if parked is not None:  # windowed, outside the resident set: its parked leaves
             s = slot[ok]

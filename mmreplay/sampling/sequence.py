@@ -25,7 +25,7 @@ from ..core.errors import EmptyStoreError
 from ._gather import MAX_ROUNDS, Once, check_batch_size, kernel_state, kernels
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
     from ._gather import Source
 
 

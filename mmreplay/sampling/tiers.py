@@ -41,7 +41,7 @@ import numpy as np
 from ..core.fs import HUGE_PAGE, MADV_WILLNEED, map_anonymous, protect_read, unmap
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
 
 _CHUNK = 8 << 20  # bytes per read call when loading a segment
 
@@ -50,7 +50,7 @@ def restricted_table(table: np.ndarray, include: np.ndarray) -> np.ndarray:
     """A copy of a segment table whose draws (``SEG_CUM_END``) only land in segments where
     ``include`` is True; every other column is unchanged, so views still walk into the
     excluded segments."""
-    from ..storage.table import SEG_COMMITTED, SEG_CUM_END, index_draws
+    from ..storage import SEG_COMMITTED, SEG_CUM_END, index_draws
 
     t = table.copy()
     t[:, SEG_CUM_END] = np.cumsum(t[:, SEG_COMMITTED] * include)

@@ -47,8 +47,8 @@ from ._gather import (
 from ._gather import kernels as _kernels
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
-    from ..storage.view import TransitionBatch
+    from ..storage import ReplayStore
+    from ..storage import TransitionBatch
 
 _WINDOWED_MAPPED_BYTES = 64 << 20  # file pages a windowed sampler may keep mapped beyond its budget
 Mode = Literal["exact", "windowed"]
@@ -182,7 +182,7 @@ class TransitionSampler:
         ``frame_stack``) needs a masked row, or a stack would look into a segment of the session
         no longer in the store: never shortened or clamped instead. Only the rows within reach
         of such places are walked (cached per snapshot)."""
-        from ..storage.table import PRED_GONE
+        from ..storage import PRED_GONE
 
         self.store.sync_local()
         reader = self.store.reader

@@ -19,11 +19,28 @@ open one; every lock name, segment state and writer-id claim lives in this room,
 outside it reads or writes a store's or writer's private members.
 """
 
+from ..core.batch import TransitionBatch
 from .exchange import Ingest, SegmentInfo, SegmentRows, SessionIngest, segment_rows
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE
+from .format import kernel as storage_kernels
+from .manifest import MANIFEST, default_segment_records, read_manifest
 from .opening import open_or_create
 from .store import ReplayStore, create_store, open_store
-from .view import TransitionBatch
-from .writer import Writer
+from .table import (PRED_GONE, SEG_BASE, SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID,
+                    SEG_LANES, SEG_NBUCKETS, SEG_PRED, SEG_SHIFT, SEG_SUCC, SEG_USABLE, Snapshot, index_draws)
+from .view import transitions_at
+from .writer import Durability, Writer
 
-__all__ = ["Ingest", "ReplayStore", "SegmentInfo", "SegmentRows", "SessionIngest", "TransitionBatch", "Writer",
-           "create_store", "open_or_create", "open_store", "segment_rows"]
+__all__ = [
+    # the user's objects and calls
+    "Durability", "ReplayStore", "TransitionBatch", "Writer", "create_store", "open_or_create", "open_store",
+    "read_manifest", "default_segment_records", "MANIFEST",
+    # the seam for archives, shipping and imports: rows in and out as whole segments
+    "Ingest", "SegmentInfo", "SegmentRows", "SessionIngest", "segment_rows",
+    # the read contract samplers and their kernels use: the reader's segment table and row flags
+    "MASKED", "PRED_GONE", "SEG_BASE", "SEG_BUCKET", "SEG_COLS", "SEG_COMMITTED", "SEG_CUM_END", "SEG_FIRST",
+    "SEG_ID", "SEG_LANES", "SEG_NBUCKETS", "SEG_PRED", "SEG_SHIFT", "SEG_SUCC", "SEG_USABLE", "Snapshot",
+    "index_draws", "storage_kernels", "transitions_at",
+    # file layout facts, for tools that inspect or damage segment files (the damage suite)
+    "CONTROL_OFFSET", "CONTROL_SLOT_SIZE", "HEADER_SIZE", "PAGE_SIZE",
+]

@@ -521,6 +521,15 @@ class StoreReader:
         observation) or ``format.MASKED`` (a damaged row, excluded)."""
         return self.is_last[self.snapshot.windows[k], slot]
 
+    def transition_starts(self, k: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(valid, k_next, slot_next)`` of candidate transition starts: a start is an ordinary
+        row (not an episode's final observation, not masked) whose next row is written and not
+        masked."""
+        ok, nk, ns = self.successors(k, slot)
+        ok &= self.flag_bytes(k, slot) == 0
+        ok &= self.flag_bytes(nk, ns) != MASKED
+        return ok, nk, ns
+
     def gather(self, name: str, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Rows ``slot`` of segments ``k`` of field ``name`` (a copy)."""
         return self.columns[name][self.snapshot.windows[k], slot]

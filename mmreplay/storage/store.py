@@ -336,10 +336,8 @@ class ReplayStore:
 
     def valid_transition_mask(self, k: int) -> np.ndarray:
         """Which committed rows of snapshot segment ``k`` start a sampleable transition."""
-        from .view import locate_transitions
-
         slot = np.arange(int(self.reader.snapshot.committed[k]))
-        return locate_transitions(self, np.full_like(slot, k), slot)[0]
+        return self.reader.transition_starts(np.full_like(slot, k), slot)[0]
 
     def refresh_if_stale(self, interval_s: float) -> None:
         """Refresh when the last directory scan is older than ``interval_s`` or a writer of this
@@ -377,11 +375,11 @@ class ReplayStore:
 
     def transitions(self, ids: np.ndarray) -> Any:
         """The transitions starting at global row ids (see :class:`mmreplay.TransitionBatch`)."""
-        from .view import transitions
+        from .view import transitions_at
 
         self._check()
         k, slot = self.reader.locate(ids)
-        return transitions(self, k, slot, np.asarray(ids, np.int64))
+        return transitions_at(self, k, slot, np.asarray(ids, np.int64))
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Field ``name`` of the rows with global ids ``ids`` (a copy); ``KeyError`` if one is not

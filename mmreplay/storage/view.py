@@ -1,4 +1,4 @@
-"""Views: turn located row ids into batches (here: one-step transitions).
+"""Views: turn located row ids into batches of one-step transitions (``core.batch.TransitionBatch``).
 
 A transition starting at row ``t`` of a lane is ``(obs_t, action_t, reward_t, terminated_t,
 truncated_t)`` plus ``next_obs = obs`` of the lane's next row, which may lie in the writer
@@ -9,44 +9,14 @@ a lane. Every field is gathered with one fancy index over all segments (``reader
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .format import MASKED
+from ..core.batch import TransitionBatch
 
 if TYPE_CHECKING:
     from .store import ReplayStore
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionBatch:
-    """A batch of one-step transitions, as numpy arrays with leading dimension ``B``."""
-
-    obs: np.ndarray | dict[str, np.ndarray]
-    """Observation (a dict ``{key: array}`` for a Dict observation space)."""
-    action: np.ndarray
-    reward: np.ndarray
-    next_obs: np.ndarray | dict[str, np.ndarray]
-    """Observation of the lane's next row: the final observation when the episode ended."""
-    terminated: np.ndarray
-    """True when the episode ended by termination: do not bootstrap from ``next_obs``."""
-    truncated: np.ndarray
-    """True when the episode was cut (time limit): bootstrap from ``next_obs``."""
-    ids: np.ndarray
-    """Global row ids of the transitions' first rows (stable while the rows live)."""
-    extra: dict[str, np.ndarray] = field(default_factory=dict)
-    """Any other schema field, taken from the first row."""
-    weights: np.ndarray | None = None
-    """Importance-sampling weights (prioritized replay), ``None`` for uniform sampling."""
-    discount: np.ndarray | None = None
-    """With ``n_step``/``frame_stack`` views: the bootstrap factor ``gamma^m`` (0 when the window
-    ended by termination); ``reward`` is then the discounted m-step return. ``None`` for plain
-    one-step batches (use ``gamma * (1 - terminated)``)."""
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
 
 def _obs(store: ReplayStore, k: np.ndarray, slot: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
@@ -57,22 +27,14 @@ def _obs(store: ReplayStore, k: np.ndarray, slot: np.ndarray) -> np.ndarray | di
     return {n.removeprefix("obs/"): g(n, k, slot) for n in names}
 
 
-def locate_transitions(store: ReplayStore, k: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(valid, k_next, slot_next)`` for candidate transition starts: a start is an ordinary row
-    (not an episode's final observation, not masked) whose next row is written and not masked."""
-    r = store.reader
-    ok, nk, ns = r.successors(k, slot)
-    ok &= r.flag_bytes(k, slot) == 0
-    ok &= r.flag_bytes(nk, ns) != MASKED
-    return ok, nk, ns
-
-
-def transitions(store: ReplayStore, k: np.ndarray, slot: np.ndarray, ids: np.ndarray,
-                nxt: tuple[np.ndarray, np.ndarray] | None = None) -> TransitionBatch:
-    """Build the batch for transitions at snapshot locations ``(k, slot)``."""
+def transitions_at(store: ReplayStore, k: np.ndarray, slot: np.ndarray, ids: np.ndarray,
+                   nxt: tuple[np.ndarray, np.ndarray] | None = None) -> TransitionBatch:
+    """The batch of the transitions at snapshot locations ``(k, slot)`` (global ids ``ids``);
+    ``nxt``: where each one's next row is, if the caller located it (else checked here:
+    ``KeyError`` for a location that starts no transition)."""
     store.schema.require_transition_fields()
     if nxt is None:
-        ok, nk, ns = locate_transitions(store, k, slot)
+        ok, nk, ns = store.reader.transition_starts(k, slot)
         if not ok.all():
             bad = ids[~ok][:5]
             raise KeyError(f"row ids {bad.tolist()} do not start a transition (episode end or next row not written)")

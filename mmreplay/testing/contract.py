@@ -14,7 +14,7 @@ import pytest
 
 from ..core.errors import EmptyStoreError
 from ..sampling.uniform import UniformSampler
-from ..storage.store import create_store
+from ..storage import create_store
 from . import reference as ref
 
 

@@ -43,8 +43,8 @@ from ..core.schema import Schema
 from ..sampling.prioritized import PrioritizedSampler
 from ..sampling.sequence import SequenceSampler
 from ..sampling.uniform import UniformSampler
-from ..storage.format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE
-from ..storage.store import ReplayStore, create_store, open_store
+from ..storage import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE
+from ..storage import ReplayStore, create_store, open_store
 
 SCHEMA = Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
 VIEWS = ((1, 1), (3, 1), (1, 3), (2, 2))
@@ -353,16 +353,16 @@ def run_case(base: Base, oracle: Oracle, work: Path, seed: int, *, export: bool 
 
 def _append(store: ReplayStore) -> None:
     """Three rows of a new writer session (a segment of its own, served with the rest)."""
-    from ..storage.segment import parse_segment_name
+    def ids() -> set[int]:  # every segment file's id (quarantined ones included): NNNNNNNNNNNNN-wWWW.seg...
+        return {int(p.name[:13]) for p in store.segments_dir.iterdir() if p.name[:13].isdigit()}
 
-    before = {parse_segment_name(p.name)[0] for p in store.segments_dir.iterdir() if parse_segment_name(p.name)}
+    before = ids()
     w = store.writer(lanes=1)
     for t in range(3):
         w.add(obs=np.array([[1e6 + t, 9, 0, 0]], np.float32), action=np.zeros(1, np.int64),
               reward=np.zeros(1, np.float32), terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
     w.close()
-    made = {parse_segment_name(p.name)[0] for p in store.segments_dir.iterdir() if parse_segment_name(p.name)}
-    new = made - before
+    new = ids() - before
     assert new and min(new) > max(before, default=-1), f"segment ids reused: {sorted(new)}"
     store.refresh()
 

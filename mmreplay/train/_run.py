@@ -35,10 +35,10 @@ from .runlog import RunLog
 
 if TYPE_CHECKING:
     from ..sampling.uniform import TransitionSampler
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
     from .loops import Learner, TrainConfig
-    from ..storage.view import TransitionBatch
-    from ..storage.writer import Writer
+    from ..storage import TransitionBatch
+    from ..storage import Writer
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +383,7 @@ def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
     (:func:`mmreplay.storage.open_or_create` and its one compatibility rule)."""
     from ..agent.envs import spaces_to_json
     from ..core.schema import Schema
-    from ..storage.opening import open_or_create
+    from ..storage import open_or_create
 
     schema = Schema.from_spaces(envs.single_observation_space, envs.single_action_space)
     meta = {"env_id": cfg.env_id, "atari": cfg.atari, "source": "mmreplay train",
@@ -405,7 +405,7 @@ def replay_segment_records(schema: Any, capacity: int, writers: int) -> int:
     ``capacity`` the run names (the store default, ``capacity / (4 * (writers + 1)) + 1,024`` rows,
     let it reach 1.27x at 100,000 and one writer: the MinAtar runs of ``benchmarks/minatar_dqn.py`` replayed up to 119,636 rows
     of a 100,000 capacity, against the reference's 100,000). A segment made and evicted costs ~2 ms."""
-    from ..storage.manifest import default_segment_records
+    from ..storage import default_segment_records
 
     return min(default_segment_records(schema, capacity, writers), max(1024, int(capacity) // REPLAY_SEGMENTS))
 

@@ -216,7 +216,7 @@ def box_actions(store: str | None = None, archive: str | None = None) -> bool | 
 
             schema = Schema.from_json(read_meta(open_group(archive, "r", None), archive)["schema"])
         elif store:
-            from ..storage.manifest import read_manifest
+            from ..storage import read_manifest
 
             schema = Schema.from_json(read_manifest(Path(store))["schema"])
         else:

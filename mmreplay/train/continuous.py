@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from ..agent.continuous import Actor, TwinCritic, ValueNetwork, actor_spec, is_continuous
 
 if TYPE_CHECKING:
-    from ..storage.store import ReplayStore
+    from ..storage import ReplayStore
     from .config import TrainConfig
 
 log = logging.getLogger(__name__)

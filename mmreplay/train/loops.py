@@ -452,7 +452,7 @@ def _take_returns(run: Run, pool: Any, seen: list[int]) -> None:
 def train_offline(cfg: TrainConfig) -> TrainResult:
     """BC, DQN or CQL (discrete actions), TD3+BC, IQL or BC (Box actions, ``continuous.py``) from a
     saved store, read-only; ``steps`` learner updates."""
-    from ..storage.store import open_store
+    from ..storage import open_store
 
     run = Run(cfg, _run_dir(cfg))
     if cfg.archive:
