@@ -83,13 +83,11 @@ __all__ = [
 
 
 def cluster_segment_records(schema: Schema, lanes: int = 1) -> int:
-    """Rows per segment for stores that ship to a learner: at most 4096 rows (a segment, and
-    so the lag of its first row, fills in well under a second at thousands of steps/s) and at
-    most the usual ~32 MiB; a multiple of ``lanes``."""
-    from ..storage import default_segment_records
+    """Rows per segment for stores that ship to a learner: storage's sizing rule for shipping
+    (``mmreplay.storage.segment_records_for(use="shipping")``: at most 4,096 rows, a multiple of ``lanes``)."""
+    from ..storage import segment_records_for
 
-    r = min(4096, default_segment_records(schema))
-    return max(lanes, r // lanes * lanes)
+    return segment_records_for(schema, use="shipping", lanes=lanes)
 
 
 def _default_local_dir() -> str:

@@ -23,7 +23,7 @@ from ..core.batch import TransitionBatch
 from .exchange import Ingest, SegmentInfo, SegmentRows, SessionIngest, segment_rows
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE
 from .format import kernel as storage_kernels
-from .manifest import MANIFEST, default_segment_records, read_manifest
+from .manifest import MANIFEST, default_segment_records, read_manifest, segment_records_for
 from .opening import open_or_create
 from .store import ReplayStore, create_store, open_store
 from .table import (PRED_GONE, SEG_BASE, SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID,
@@ -34,7 +34,7 @@ from .writer import Durability, Writer
 __all__ = [
     # the user's objects and calls
     "Durability", "ReplayStore", "TransitionBatch", "Writer", "create_store", "open_or_create", "open_store",
-    "read_manifest", "default_segment_records", "MANIFEST",
+    "read_manifest", "default_segment_records", "segment_records_for", "MANIFEST",
     # the seam for archives, shipping and imports: rows in and out as whole segments
     "Ingest", "SegmentInfo", "SegmentRows", "SessionIngest", "segment_rows",
     # the read contract samplers and their kernels use: the reader's segment table and row flags

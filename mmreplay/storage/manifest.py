@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.errors import CorruptStoreError, FormatVersionError, StoreNotFoundError
 from ..core.fs import atomic_write
@@ -49,6 +49,39 @@ def default_segment_records(schema: Schema, capacity: int | None = None, writers
     if capacity is None:
         return rows
     return min(rows, int(capacity) // (4 * (max(1, int(writers)) + 1)) + 1024)
+
+
+REPLAY_SEGMENTS = 64
+"""A training run's store: at least this many segments per ``capacity`` (``segment_records_for``)."""
+SHIPPING_ROWS = 4096
+"""A store that ships its segments to a learner: at most this many rows a segment."""
+
+
+def segment_records_for(schema: Schema, capacity: int | None = None, writers: int = 1, *,
+                        use: Literal["store", "replay", "shipping"] = "store", lanes: int = 1) -> int:
+    """Rows per segment: the one sizing rule, with its cases.
+
+    * ``"store"`` (``create_store``'s default): about 32 MiB a segment and, given a ``capacity``,
+      at most ``capacity // (4 * (writers + 1)) + 1024`` (``default_segment_records``);
+    * ``"replay"`` (a store a training run creates): the store default, but at most
+      ``capacity // 64`` rows (1,024 at least), so the replay memory stays within ~3% of the
+      ``capacity`` the run names (a full store keeps up to (writers + 1) segments beyond it; the
+      store default let MinAtar's 100,000 replay up to 119,636 rows);
+    * ``"shipping"`` (stores whose sealed segments ship to a learner): at most 4,096 rows (a
+      segment, and so the lag of its first row, fills in well under a second at thousands of
+      steps/s) and the usual ~32 MiB, a multiple of ``lanes``.
+
+    A segment made and evicted costs ~2 ms of CPU."""
+    if use == "store":
+        return default_segment_records(schema, capacity, writers)
+    if use == "replay":
+        if capacity is None:
+            raise ValueError("segment_records_for(use='replay') needs the run's capacity")
+        return min(default_segment_records(schema, capacity, writers), max(1024, int(capacity) // REPLAY_SEGMENTS))
+    if use == "shipping":
+        r = min(SHIPPING_ROWS, default_segment_records(schema))
+        return max(lanes, r // lanes * lanes)
+    raise ValueError(f"`use` must be 'store', 'replay' or 'shipping', got {use!r}")
 
 
 def manifest_bytes(body: dict[str, Any]) -> bytes:

@@ -394,20 +394,14 @@ def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
                           what=str(cfg.env_id), writers=writers)
 
 
-REPLAY_SEGMENTS = 64
-"""A store a run creates has segments of at most ``capacity / REPLAY_SEGMENTS`` rows (1,024 at least)."""
 
 
 def replay_segment_records(schema: Any, capacity: int, writers: int) -> int:
-    """Rows per segment of a store a training run creates (no ``segment_records`` given): the store
-    default, but at most ``capacity // 64`` (at least 1,024). A full store keeps from ``capacity``
-    to ``capacity`` + (writers + 1) segments of rows, so the replay memory stays within ~3% of the
-    ``capacity`` the run names (the store default, ``capacity / (4 * (writers + 1)) + 1,024`` rows,
-    let it reach 1.27x at 100,000 and one writer: the MinAtar runs of ``benchmarks/minatar_dqn.py`` replayed up to 119,636 rows
-    of a 100,000 capacity, against the reference's 100,000). A segment made and evicted costs ~2 ms."""
-    from ..storage import default_segment_records
+    """Rows per segment of a store a training run creates (no ``segment_records`` given): storage's
+    sizing rule for a replay memory (``mmreplay.storage.segment_records_for(use="replay")``)."""
+    from ..storage import segment_records_for
 
-    return min(default_segment_records(schema, capacity, writers), max(1024, int(capacity) // REPLAY_SEGMENTS))
+    return segment_records_for(schema, capacity, writers, use="replay")
 
 
 def count_actions(space: Any) -> int:
