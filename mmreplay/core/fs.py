@@ -226,6 +226,11 @@ class AddressRegion:
         self.buffer = (ctypes.c_char * self.size).from_address(self.base)
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """The region was released (``close``)."""
+        return self._closed
+
     def map_file(self, slot: int, fd: int, length: int, *, writable: bool = False, private: bool = False) -> None:
         """Map the first ``length`` bytes of ``fd`` (shared, read-only unless asked) into ``slot``.
         ``private``: a copy-on-write mapping this process may write to without changing the file

@@ -318,10 +318,12 @@ class MMReplayBuffer(ReplayBuffer):
         newest &= ok
         parts, order = [], []
         if whole.any():
-            parts.append(transitions_at(store, k[whole], slot[whole], ids[whole], nxt=(nk[whole], ns[whole])))
+            parts.append(transitions_at(store.reader, store.schema, k[whole], slot[whole], ids[whole],
+                                        nxt=(nk[whole], ns[whole])))
             order.append(np.flatnonzero(whole))
         if newest.any():
-            b = transitions_at(store, k[newest], slot[newest], ids[newest], nxt=(k[newest], slot[newest]))
+            b = transitions_at(store.reader, store.schema, k[newest], slot[newest], ids[newest],
+                               nxt=(k[newest], slot[newest]))
             nxt = {n.removeprefix("obs/"): v[envs[newest]] for n, v in self.lanes.pending.items()}
             parts.append(_replace(b, next_obs=nxt["obs"] if set(nxt) == {"obs"} else nxt))
             order.append(np.flatnonzero(newest))

@@ -239,7 +239,7 @@ def gather_at(seg, region, rec_bytes, ks, slots, fields, out, big):  # pragma: n
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def draw_rows(state, n, seg):  # pragma: no cover - compiled
     """``n`` committed rows drawn uniformly, as (snapshot segment index, slot), located through
-    the table's draw index (``storage.table.index_draws``)."""
+    the table's draw index (``storage.snapshot.index_draws``)."""
     nseg = seg.shape[0]
     rand = draw(state, n, seg[nseg - 1, SEG_CUM_END], np.empty(n, np.int64))
     ks = np.empty(n, np.int64)

@@ -73,7 +73,7 @@ def _succ(seg, k, slot):  # pragma: no cover - compiled
 @numba.njit(nogil=True, cache=True, inline="always")
 def _pred(seg, k, slot):  # pragma: no cover - compiled
     """The previous row of the lane; ``(-1, -1)`` at the start of the session, ``(-2, -2)`` when
-    it lies in a segment of the session no longer in the snapshot (``storage.table.PRED_GONE``)."""
+    it lies in a segment of the session no longer in the snapshot (``storage.snapshot.PRED_GONE``)."""
     prv = slot - seg[k, SEG_LANES]
     if prv >= 0:
         return k, prv

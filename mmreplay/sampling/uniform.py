@@ -1,4 +1,4 @@
-"""Samplers choose row ids; they never copy payload (views do, see ``view.py``).
+"""Samplers choose row ids; they never copy payload (views do, see ``transitions.py``).
 
 ``UniformSampler`` draws transition starts uniformly over every sampleable transition of the
 store's current snapshot: it draws uniformly over committed rows (a binary search over the

@@ -2,14 +2,14 @@
 
 Modules: ``format`` (segment file layout, headers, control pages, stamps), ``segment``
 (allocate, map, seal a segment file), ``locks`` (flock-based lock files and the lock
-names), ``writer`` (the append path), ``_supply`` (segments made ahead of need), ``reader``
+names), ``writer`` (the append path), ``segment_supply`` (segments made ahead of need), ``reader``
 (a process's read-only view of every segment, row gathers), ``recovery`` (open segments cut
 back to their longest valid prefix), ``verify`` and ``info`` (checks and reports), ``ingest``
 (whole sealed segments copied in from elsewhere), ``view`` (one-step transitions), ``store``
 (create/open, eviction, the public ``ReplayStore``), ``manifest`` (STORE.json and the segment-id
 counter), ``claims`` (writer-id claims, evict-then-allocate), ``opening`` (open-or-create for
 an env, the one compatibility rule), ``catalog`` (every segment sealed and how it left),
-``checks`` and ``_checkkernel`` (each sealed segment checked once; damaged rows patched out of
+``checks`` and ``check_kernel`` (each sealed segment checked once; damaged rows patched out of
 every reader's view), ``provenance`` (records of the runs that wrote a store).
 
 Invariants kept here: a row is visible only once its writer has published it, and never
@@ -26,9 +26,9 @@ from .format import kernel as storage_kernels
 from .manifest import MANIFEST, default_segment_records, read_manifest, segment_records_for
 from .opening import open_or_create
 from .store import ReplayStore, create_store, open_store
-from .table import (PRED_GONE, SEG_BASE, SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID,
+from .snapshot import (PRED_GONE, SEG_BASE, SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID,
                     SEG_LANES, SEG_NBUCKETS, SEG_PRED, SEG_SHIFT, SEG_SUCC, SEG_USABLE, Snapshot, index_draws)
-from .view import transitions_at
+from .transitions import transitions_at
 from .writer import Durability, Writer
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Checks of sealed segments: find damaged rows once per file, remember them, keep them out.
 
 A sealed segment never changes, so it is checked once: every commit group's stamps and crc32c
-(``_checkkernel``), one sequential read of its records. The result is remembered for the file's
+(``check_kernel``), one sequential read of its records. The result is remembered for the file's
 **identity** (inode, size, mtime and ctime in ns: any write to the file or a copy of it changes
 it): in the catalog (``catalog.py``) when the process may write there, else in memory. A
 writer's own segments count as checked while their identity is the one recorded when the writer
@@ -43,7 +43,6 @@ from .format import IS_LAST, MASKED, Header, Layout, digest_multipliers, kernel
 
 if TYPE_CHECKING:
     from .catalog import Catalog
-    from .store import ReplayStore
 
 log = logging.getLogger(__name__)
 
@@ -142,20 +141,6 @@ def apply_patch(p: DamagePatch, layout: Layout, buf: np.ndarray) -> None:
     buf[layout.column(IS_LAST).offset + p.zero * layout.record_bytes] = MASKED
 
 
-def wait_checked(store: ReplayStore, timeout: float | None) -> bool:
-    """``ReplayStore.wait_checked``: refresh until no segment waits for its check."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        store.refresh()
-        if not store.reader.check_counts()["unchecked_segments"]:
-            return True
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return False
-        assert store.reader.checker is not None
-        store.reader.checker.wait(None if left is None else min(left, 1.0))
-
-
 def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
                committed: int) -> tuple[tuple[int, int, int, int], np.ndarray]:
     """Check the first ``committed`` rows of segment file ``path``: ``(identity, damaged slots)``.
@@ -174,7 +159,7 @@ def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
 
 
 @dataclass(slots=True)
-class _Job:
+class CheckJob:
     name: str
     committed: int
 
@@ -197,7 +182,7 @@ class Checker:
         self._catalog_size: tuple[int, int] = (-1, -1)  # (inode, size) of the catalog when last read
         self._running = False
         self._cv = threading.Condition()
-        self._queue: list[_Job] = []
+        self._queue: list[CheckJob] = []
         self._done: dict[str, tuple[tuple[int, ...] | None, np.ndarray | str]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -248,7 +233,7 @@ class Checker:
         rec = self._records.get(name)
         return rec is not None and rec.masked and tuple(rec.identity) == tuple(ident)
 
-    def run(self, job: _Job) -> tuple[tuple[int, ...] | None, np.ndarray | str]:
+    def run(self, job: CheckJob) -> tuple[tuple[int, ...] | None, np.ndarray | str]:
         """Check one segment now: ``(identity, damaged slots)``, or ``(None, why)`` if it cannot be read."""
         from ..core.errors import CorruptSegmentError
 
@@ -272,7 +257,7 @@ class Checker:
                 log.debug("could not record the check of %s: %s", name, exc)
 
     # -- the background thread ------------------------------------------------------------
-    def submit(self, jobs: list[_Job]) -> None:
+    def submit(self, jobs: list[CheckJob]) -> None:
         with self._cv:
             self._queue.extend(jobs)
             self._cv.notify()

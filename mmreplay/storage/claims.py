@@ -56,7 +56,7 @@ def allocating(store: StoreFiles, *, pending_rows: int = 0, durable: bool = Fals
 
     ``pending_rows``: rows of segments already made for the same batch and not written yet
     (counted as held). ``durable``: fsync the id counter. ``defer``: evicted files are unlinked
-    by the caller's ``store.doomed.reap()`` (``eviction.py``). The lock is held until the block
+    by the caller's ``files.doomed.reap()`` (``files.py``). The lock is held until the block
     ends, so the caller makes its segment file before another allocation's eviction counts.
     """
     alloc = store.lock(ALLOC)

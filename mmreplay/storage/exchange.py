@@ -47,7 +47,7 @@ from .checks import identity, to_ranges
 from .format import STATE_SEALED, Header, group_seed
 from ..core.fs import fsync_dir
 from ..core.errors import SchemaError, StoreLockedError
-from .segment import Segment, now_ns, segment_name
+from .segment import Segment, SegmentInfo, now_ns, segment_info, segment_name
 from . import claims
 from .claims import allocating
 from .locks import ADMIN, INGEST
@@ -61,29 +61,6 @@ if TYPE_CHECKING:
     from .store import ReplayStore
 
 STAGING = "ingest.tmp"
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    """One segment of a store as its header and control page say."""
-
-    name: str
-    segment_id: int
-    writer_id: int
-    lanes: int
-    session_epoch: int
-    chain_index: int
-    first_seq: int
-    usable_records: int
-    committed: int
-    sealed: bool
-    created_ns: int
-
-
-def segment_info(name: str, header: Header, committed: int, sealed: bool) -> SegmentInfo:
-    h = header
-    return SegmentInfo(name, h.segment_id, h.writer_id, h.lanes, h.session_epoch, h.chain_index, h.first_seq,
-                       h.usable_records, int(committed), bool(sealed), h.created_ns)
 
 
 class Ingest:

@@ -25,7 +25,7 @@ then located row by row: only rows whose digest no longer matches are left out (
 The digest is the high half of a multiply-sum of the record's little-endian 64-bit words with
 fixed odd multipliers (mod 2**64): one ``numpy.dot`` per group; a change to any one word always
 changes the sum (an odd multiplier is invertible), and its high half but for a ~2**-32 chance.
-The check computes it in the same pass as the crc32c (``_checkkernel``). Format 1 segments
+The check computes it in the same pass as the crc32c (``check_kernel``). Format 1 segments
 (written before it) are read as they are: damage there is located per commit group.
 
 The layout depends only on the schema and ``segment_records``, so every segment of a
@@ -341,14 +341,14 @@ _K: Any = None
 
 
 def kernel(load: bool = True) -> Any:
-    """The compiled check and stamping kernels (``_checkkernel``), loaded on first use: ``import
+    """The compiled check and stamping kernels (``check_kernel``), loaded on first use: ``import
     mmreplay`` does not load numba. ``load=False``: ``None`` unless numba is already loaded in this
     process (then loading the kernels costs little; loading numba itself costs ~0.5 s)."""
     global _K
     if _K is None:
         if not load and "numba" not in sys.modules:
             return None
-        from . import _checkkernel
+        from . import check_kernel
 
-        _K = _checkkernel
+        _K = check_kernel
     return _K

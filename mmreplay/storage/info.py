@@ -10,15 +10,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .format import MASKED, STAMP_DTYPE, STATE_NAMES, STATE_SEALED
+from .provenance import read_provenance
+from .verify import masked_rows
 from ..core.fs import MADV_DONTNEED, MADV_SEQUENTIAL
 
 if TYPE_CHECKING:
-    from .store import ReplayStore
+    from .files import StoreFiles
+    from .format import Layout
+    from .reader import StoreReader
 
 
-def store_info(store: ReplayStore) -> dict[str, Any]:
-    store.wait_checked()  # every row is counted: segments not checked yet are checked first
-    r = store.reader
+def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
+    """``ReplayStore.info()`` of a store whose files and reader these are (the caller waited for
+    every sealed segment's check: every row is counted)."""
     s = r.snapshot
     segs = [r.segments[int(sid)] for sid in s.segment_ids]  # in id order; unreadable ones left out
     transitions = left_out = 0
@@ -32,16 +36,16 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         mapped = m.header.segment_id not in r.pinned  # a RAM copy (tiers.py) is left alone
         if mapped:
             r.region.advise(m.window, size, MADV_SEQUENTIAL)
-        valid, blocked = _transition_starts(store, k)
+        valid, blocked = _transition_starts(r, k)
         transitions += int(valid.sum())
         left_out += int(blocked.sum())
         if flags:
-            _count_episode_ends(store, k, ends)
+            _count_episode_ends(r, k, ends)
         if mapped:
             r.region.advise(m.window, size, MADV_DONTNEED)
-            r._advise(m)
+            r.advise(m)
     disk, files = disk_usage(store.path)
-    catalog = store.files.catalog.read()  # read once: evictions by reason and lost segments
+    catalog = store.catalog.read()  # read once: evictions by reason and lost segments
     writers = sorted({m.header.writer_id for m in segs})
     try:
         stats = json.loads((store.path / "stats.json").read_text())
@@ -73,19 +77,18 @@ def store_info(store: ReplayStore) -> dict[str, Any]:
         "lost_segments": store.lost_segments(),  # lists, then reads the catalog: no eviction reads as a loss
         "unreadable_segments": {**r.skipped, **{m.name: m.failed for m in r.segments.values() if m.failed}},
         "damaged_rows": r.check_counts()["damaged_rows"],  # left out of every batch
-        "masked_rows": store.masked_rows(),  # of those, acknowledged by a repair
+        "masked_rows": masked_rows(store),  # of those, acknowledged by a repair
         "metadata": store.metadata,
-        "provenance": store.provenance(),
+        "provenance": read_provenance(store.path),
         "created_at": store.manifest.get("created_at"),
         "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
-        "tiers": tier_summary(store),
+        "tiers": tier_summary(r, store.layout),
     }
 
 
-def _transition_starts(store: ReplayStore, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _transition_starts(r: StoreReader, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Which committed rows of snapshot segment ``k`` start a one-step transition, and which would
     but for their next row being masked (a damaged row: the transition is left out)."""
-    r = store.reader
     slot = np.arange(int(r.snapshot.committed[k]))
     kk = np.full_like(slot, k)
     ok, nk, ns = r.successors(kk, slot)
@@ -94,11 +97,11 @@ def _transition_starts(store: ReplayStore, k: int) -> tuple[np.ndarray, np.ndarr
     return ok & (nxt != MASKED), ok & (nxt == MASKED)
 
 
-def _count_episode_ends(store: ReplayStore, k: int, ends: dict[str, int]) -> None:
+def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int]) -> None:
     """Add the episodes whose last step lies in snapshot segment ``k``: terminated, truncated
     (time limits, and runs that ended mid-episode), and incomplete (the next row of the lane is the
     final observation but the step is neither: a writer killed, or a run stopped, mid-episode)."""
-    r, snap = store.reader, store.reader.snapshot
+    snap = r.snapshot
     w, n = int(snap.windows[k]), int(snap.committed[k])
     here_last = r.is_last[w, :n] != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
     term = r.columns["terminated"][w, :n] & ~here_last
@@ -128,13 +131,12 @@ def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:
     return disk, files
 
 
-def tier_summary(store: ReplayStore) -> dict[str, Any]:
+def tier_summary(reader: StoreReader, layout: Layout) -> dict[str, Any]:
     """The store's tiers as seen from this process: open segments (hot), sealed segments on
     disk and how much of them the page cache holds (warm, ``mincore``), and the machine's RAM;
     ``suggested_mode`` is ``"exact"`` when the whole store fits in the RAM available, else
     ``"windowed"``."""
-    reader = store.reader
-    size = store.layout.file_size
+    size = layout.file_size
     hot = warm = cached_hot = cached_warm = 0
     for m in reader.segments.values():
         cached = reader.region.cached_bytes(m.window, size)

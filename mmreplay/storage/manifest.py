@@ -40,7 +40,7 @@ def default_segment_records(schema: Schema, capacity: int | None = None, writers
     ``capacity``, at most ``capacity // (4 * (writers + 1)) + 1024``.
 
     A full store holds at most ``capacity + (writers + 1) * segment_records`` rows (eviction
-    keeps at least ``capacity``; see ``eviction.py``), so with ``writers`` writers appending at
+    keeps at least ``capacity``; see ``files.evict_for_new_segment``), so with ``writers`` writers appending at
     once the default keeps it under ``1.25 * capacity + (writers + 1) * 1024``, with segments as
     large as that allows (each segment made and evicted costs ~2 ms of CPU).
     """

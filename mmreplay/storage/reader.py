@@ -46,9 +46,9 @@ from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS,
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .segment import parse_segment_name, read_segment_meta
-from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, _Job, apply_patch, damage_patch, identity, to_ranges
+from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, CheckJob, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
-from .table import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID, SEG_LANES, SEG_PRED,
+from .snapshot import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID, SEG_LANES, SEG_PRED,
                     SEG_SUCC, SEG_USABLE, PRED_GONE, Snapshot, index_draws, recount)
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class StoreReader:
             rows = self.checker.catalogued_rows(name)
             if rows is not None:  # sealed, says the catalog: its count is the catalog's, checked below
                 m.committed, m.state = min(rows, header.usable_records), STATE_SEALED
-        self._advise(m, first=True)
+        self.advise(m, first=True)
         if m.state == STATE_SEALED and self.checker is not None:
             bad = self.checker.known(name, ident)
             if bad is None:
@@ -197,7 +197,7 @@ class StoreReader:
             self._map_window(m, fd)
         finally:
             os.close(fd)
-        self._advise(m)
+        self.advise(m)
 
     def _write_patch(self, m: _Mapped, addr: int) -> None:
         assert m.patch is not None
@@ -235,11 +235,11 @@ class StoreReader:
         self._unstarted = False  # every one is checked or queued below
         if todo and not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
             for m in todo:
-                self._checked(m, *c.run(_Job(m.name, m.committed)))
+                self._checked(m, *c.run(CheckJob(m.name, m.committed)))
             applied = True
         elif todo:
             todo.sort(key=lambda x: x.header.segment_id)  # oldest first
-            c.submit([_Job(m.name, m.committed) for m in todo])
+            c.submit([CheckJob(m.name, m.committed) for m in todo])
             for m in todo:
                 m.queued = True
         return applied
@@ -271,7 +271,7 @@ class StoreReader:
             "checked_segments": self.checker.checked if self.checker is not None else 0,
         }
 
-    def _advise(self, m: _Mapped, *, first: bool = False) -> None:
+    def advise(self, m: _Mapped, *, first: bool = False) -> None:
         """Access hints by state (see the module docstring)."""
         if m.state == STATE_SEALED:
             self.region.advise(m.window, self.layout.file_size, MADV_RANDOM)
@@ -295,7 +295,7 @@ class StoreReader:
                     n, state = m.committed, m.state
                     self._read_control(m)  # sealed segments are immutable
                     if m.state == STATE_SEALED:
-                        self._advise(m)
+                        self.advise(m)
                     changed |= m.state != state
                     if m.committed != n:
                         grown[m.header.segment_id] = m.committed
@@ -433,7 +433,7 @@ class StoreReader:
         frees the copy and ``fd``, if the segment is no longer live or not sealed."""
         with self._lock:
             m = self.segments.get(segment_id)
-            if m is None or m.state != STATE_SEALED or segment_id in self.pinned or self.region._closed:
+            if m is None or m.state != STATE_SEALED or segment_id in self.pinned or self.region.closed:
                 from ..core.fs import unmap
 
                 unmap(addr, self.copy_bytes)
@@ -457,7 +457,7 @@ class StoreReader:
                     self._map_window(m, fd)  # atomic over the copy
                     if self.copy_bytes > self.layout.file_size:  # the copy's tail past the file
                         self.region.release(m.window, self.layout.file_size)
-                    self._advise(m)
+                    self.advise(m)
             finally:
                 os.close(fd)
 

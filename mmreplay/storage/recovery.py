@@ -7,7 +7,7 @@ Recovery works session by session, in chain order, and tells two kinds of segmen
 * **the tail**: the last segment of a session that holds rows, if its control page says OPEN and
   the catalog has no record of it sealed. This is what a dead writer left open: starting at the
   control slot's ``synced`` count (all rows before it were made durable first), commit groups
-  are checked (``_checkkernel``) and the segment is cut back to its longest valid prefix of
+  are checked (``check_kernel``) and the segment is cut back to its longest valid prefix of
   whole groups; groups past ``committed`` were never published and are dropped; the stamps of
   the invalid tail are zeroed (so stale stamps cannot come back), and the segment is published
   SEALED with ``committed = synced = prefix``;
@@ -104,7 +104,7 @@ def valid_prefix(seg: Segment, start: int, stop: int) -> int:
 def check_groups(h: Header, layout: Layout, st: np.ndarray, view: Any, start: int, stop: int) -> int:
     """Walk commit groups from ``start`` (a group boundary) towards ``stop``; return where the
     first invalid group begins (``>= stop`` when all are valid). ``st`` is the segment's stamp
-    column, ``view`` a buffer of the whole segment file. The rule is ``_checkkernel``'s."""
+    column, ``view`` a buffer of the whole segment file. The rule is ``check_kernel``'s."""
     from .checks import scan
 
     return int(scan(h, layout, st, view, start, stop, first_only=True))

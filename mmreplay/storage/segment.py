@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+from dataclasses import dataclass
 import re
 import time
 from typing import TYPE_CHECKING
@@ -67,6 +68,29 @@ def segment_name(segment_id: int, writer_id: int) -> str:
 def parse_segment_name(name: str) -> tuple[int, int] | None:
     m = _NAME.match(name)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment of a store as its header and control page say."""
+
+    name: str
+    segment_id: int
+    writer_id: int
+    lanes: int
+    session_epoch: int
+    chain_index: int
+    first_seq: int
+    usable_records: int
+    committed: int
+    sealed: bool
+    created_ns: int
+
+
+def segment_info(name: str, header: Header, committed: int, sealed: bool) -> SegmentInfo:
+    h = header
+    return SegmentInfo(name, h.segment_id, h.writer_id, h.lanes, h.session_epoch, h.chain_index, h.first_seq,
+                       h.usable_records, int(committed), bool(sealed), h.created_ns)
 
 
 def segment_state(path: Path) -> tuple[int, int, int]:
@@ -145,7 +169,7 @@ class Segment:
         """Write the stamps of rows ``[start, stop)`` as format 2 has them (their records written
         first): each row's number (low 32 bits) and digest (``format.row_digests``) in word 0,
         ``tail`` (the commit group's crc and length) in word 1. Each word is stored once, whole: a
-        reader's visibility probe reads it. One compiled call (``_checkkernel.stamp_rows``) once
+        reader's visibility probe reads it. One compiled call (``check_kernel.stamp_rows``) once
         numba is loaded in this process (a writer of several lanes loads it when it opens), else
         numpy (~20 ns a row: a single-lane writer's groups are small or rare)."""
         lay, k = self.layout, kernel(load=False)
@@ -212,7 +236,7 @@ class Segment:
     def prefault(self) -> None:
         """Pre-fault the data pages writable (one call, the GIL released): appends then take no
         page fault per new page. A writer runs it in a background thread for the segment it makes
-        ahead of need (``_supply.py``), beside the append path, and before it writes the segment."""
+        ahead of need (``segment_supply.py``), beside the append path, and before it writes the segment."""
         populate_write(self.mm, DATA_OFFSET_PAGE)
 
     @classmethod

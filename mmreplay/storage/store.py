@@ -329,10 +329,17 @@ class ReplayStore:
 
     def wait_checked(self, timeout: float | None = None) -> bool:
         """Wait until every sealed segment seen so far is checked and served; False on timeout."""
-        from .checks import wait_checked
-
         self._check()
-        return wait_checked(self, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.refresh()
+            if not self.reader.check_counts()["unchecked_segments"]:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            assert self.reader.checker is not None
+            self.reader.checker.wait(None if left is None else min(left, 1.0))
 
     def valid_transition_mask(self, k: int) -> np.ndarray:
         """Which committed rows of snapshot segment ``k`` start a sampleable transition."""
@@ -356,7 +363,7 @@ class ReplayStore:
         """The segments this handle serves, as of the last refresh, in id order: one
         :class:`mmreplay.storage.SegmentInfo` each (name, ids, lanes, chain, rows, sealed).
         ``unchecked``: also the sealed segments whose check has not run yet (not served yet)."""
-        from .exchange import segment_info
+        from .segment import segment_info
 
         self._check()
         self.sync_local()
@@ -375,11 +382,11 @@ class ReplayStore:
 
     def transitions(self, ids: np.ndarray) -> Any:
         """The transitions starting at global row ids (see :class:`mmreplay.TransitionBatch`)."""
-        from .view import transitions_at
+        from .transitions import transitions_at
 
         self._check()
         k, slot = self.reader.locate(ids)
-        return transitions_at(self, k, slot, np.asarray(ids, np.int64))
+        return transitions_at(self.reader, self.schema, k, slot, np.asarray(ids, np.int64))
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Field ``name`` of the rows with global ids ``ids`` (a copy); ``KeyError`` if one is not
@@ -424,7 +431,8 @@ class ReplayStore:
         self._check()
         if self.mode != "a":
             raise ReadOnlyStoreError(f"{self.path} was opened with mode='r'; repair needs mode='a'")
-        report = repair_store(self)
+        report = repair_store(self.files, recovered=self.recovery_report, restored=self.manifest_restored)
+        self.recovery_report, self.manifest_restored = None, []  # reported
         self.refresh()
         return report
 
@@ -452,7 +460,8 @@ class ReplayStore:
         from .info import store_info
 
         self._check()
-        return store_info(self)
+        self.wait_checked()  # every row is counted: segments not checked yet are checked first
+        return store_info(self.files, self.reader)
 
 
 def _say_recovered(path: Path, report: Any) -> None:

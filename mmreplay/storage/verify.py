@@ -46,7 +46,7 @@ from .manifest import MANIFEST, load_manifest, restore_manifest
 
 if TYPE_CHECKING:
     from .files import StoreFiles
-    from .store import ReplayStore
+    from .recovery import RecoveryReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,24 +218,23 @@ def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, f
         seg.close()
 
 
-def repair_store(handle: ReplayStore) -> RepairReport:
+def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
+                 restored: list[str] = ()) -> RepairReport:
     """Recover, write back stamps and control slots, mask and quarantine (see the module
-    docstring); needs no live writer. ``handle``: the writable store handle the repair runs in
-    (what its open recovered and restored is reported too)."""
+    docstring); needs no live writer. ``recovered`` / ``restored``: what the writable open the
+    repair runs in recovered, and the manifest files it wrote back (reported too)."""
     from .recovery import recover_abandoned
 
-    store = handle.files
     admin = store.lock(ADMIN)
     if not admin.acquire(exclusive=True):
         raise StoreLockedError(f"{store.path} has active writers; close them before repairing")
     try:
         out = RepairReport()
         # what the writable open that this repair runs in recovered, and anything left since
-        for report in (handle.recovery_report, recover_abandoned(store)):
+        for report in (recovered, recover_abandoned(store)):
             if report:
                 out.actions += report.lines()
                 out.rows_lost += report.rows_lost  # (rows it masked are masked again below, and counted there)
-        handle.recovery_report = None  # reported
         for name, rows in sorted(store.lost_segments().items()):  # nothing brings them back: acknowledge
             store.catalog.departed(name, "removed", "lost")
             out.actions.append(f"acknowledged the loss of {name} ({rows:,} rows): its file is gone")
@@ -243,9 +242,8 @@ def repair_store(handle: ReplayStore) -> RepairReport:
         manifest, damaged = load_manifest(store.path)
         if damaged:
             restore_manifest(store.path, manifest, damaged)
-        restored = sorted({*damaged, *handle.manifest_restored})  # (here, or by the open)
-        out.actions += [f"wrote back {name} from the manifest's other copy" for name in restored]
-        handle.manifest_restored = []
+        out.actions += [f"wrote back {name} from the manifest's other copy"
+                        for name in sorted({*damaged, *restored})]  # (here, or by the open)
         notes: list[Problem] = []
         found = verify_store(store, notes=notes)
         for problem in found + notes:  # what is written back first: it changes the files' identities

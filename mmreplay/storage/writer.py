@@ -3,7 +3,7 @@
 A writer owns ``lanes`` lanes (one per environment of a vector env) and the segments it
 allocates; rows are laid out ``(time, lane)``, so one vector-env step is one contiguous write,
 and the next row of a lane is ``lanes`` rows further on (possibly in the session's next
-segment). With ``lane_segments`` (the default for frame-sized rows, ``_supply.use_lane_segments``)
+segment). With ``lane_segments`` (the default for frame-sized rows, ``segment_supply.use_lane_segments``)
 each lane has a chain of single-lane segments of its own instead, written in step: a lane's
 consecutive steps are then consecutive records, so a frame stack is one contiguous read.
 ``is_last`` is derived: the row after a ``terminated``/``truncated`` row of a lane is
@@ -21,7 +21,7 @@ Group commit. Rows are stamped and published in groups: at once when ``publish_r
 most ``publish_interval_s`` (default 5 ms) after they were added, and always by ``publish()``,
 ``flush()``, ``close()`` and by a ``refresh()`` of the writer's own store handle (so a learner
 sampling through the same handle sees every row it added). A single-row ``add`` of a step as it
-usually comes is one generated check and one copy of the record's bytes (``_steps.py``).
+usually comes is one generated check and one copy of the record's bytes (``step_spec.py``).
 
 Durability (``durability=``), what each level guarantees:
 
@@ -61,11 +61,10 @@ import numpy as np
 
 from ..core import failpoint as _failpoint
 from .format import kernel
-from ._supply import SegmentSupply, use_lane_segments
+from .segment_supply import SegmentSupply, use_lane_segments
 from ..core.errors import SchemaError, StoreClosedError, WriterFailedError
 from .claims import MAX_WRITERS, claim_writer_id
-from ._publisher import publisher_loop
-from ._steps import StepSpec
+from .step_spec import StepSpec
 from .segment import Segment
 from .locks import ADMIN
 
@@ -182,7 +181,7 @@ class Writer:
         self._wake = threading.Event()  # set while rows wait for the publisher (under the mutex)
         self._publisher: threading.Thread | None = None
         if self._pub_rows > 1:
-            self._publisher = threading.Thread(target=publisher_loop, args=(self,), daemon=True,
+            self._publisher = threading.Thread(target=self._publisher_loop, daemon=True,
                                                name=f"mmreplay-publish-w{self.writer_id}")
             self._publisher.start()
         # a step as it usually comes (exact dtypes, shapes, finite floats) is checked without copies
@@ -504,6 +503,33 @@ class Writer:
         self._n = self._synced = self._pub = 0
         self._order_at = 0 if nxt[0].header.chain_index > 0 else -(-self.usable // 2)
         self.hooks.rolled()
+
+    def _publisher_loop(self) -> None:
+        """The publisher thread: publish rows left unpublished for ``publish_interval_s``, only ever
+        under the mutex, ending at ``close()`` (which sets ``_stop`` before ``_wake``, so a clear of
+        ``_wake`` here cannot lose the signal). The thread sleeps until rows are
+        staged (``_wake``), never on a timer: waking every few ms cost a CPU-bound actor loop ~10%
+        (GIL handoffs; CartPole, ``python benchmarks/collect.py`` when this was written)."""
+        interval = self.publish_interval_s
+        while not self._stop.is_set():  # close() sets _stop, then _wake: a clear below cannot lose it
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            delay = self._staged_at + interval - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                return
+            with self._mutex:
+                if self._closed or self._failed is not None:
+                    return
+                if not self._segs or self._n == self._pub:
+                    self._wake.clear()  # published by an add meanwhile: sleep until rows are staged again
+                elif time.monotonic() - self._staged_at >= interval:
+                    try:
+                        self._publish()
+                    except BaseException as exc:  # pragma: no cover - I/O failure
+                        self._failed = exc
+                        return
+                    self._wake.clear()
 
     def _wait_syncs(self) -> None:
         try:

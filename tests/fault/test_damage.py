@@ -266,7 +266,7 @@ def test_train_and_info_report_damaged_rows(tmp_path):
 def test_the_check_kernel_agrees_with_the_crc32c_package():
     import crc32c
 
-    from mmreplay.storage._checkkernel import TABLE, crc_update
+    from mmreplay.storage.check_kernel import TABLE, crc_update
 
     buf = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)
     for n in (0, 1, 7, 8, 9, 63, 4099):

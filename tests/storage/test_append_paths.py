@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 import mmreplay
 from mmreplay.storage import segment as segment_module
-from mmreplay.storage._steps import StepSpec
+from mmreplay.storage.step_spec import StepSpec
 from mmreplay.storage.segment import Segment, parse_segment_name
 
 ODD = mmreplay.Schema(
@@ -144,10 +144,10 @@ w.add(obs=np.zeros((1, 4), np.float32), action=np.zeros(1, np.int64), reward=np.
       terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
 w.close()
 assert "numba" not in sys.modules, "a single-lane writer loads numba"
-from mmreplay.storage import _checkkernel  # numba is loaded now (a sampler loads it too)
-assert not _checkkernel.stamp_rows.signatures
+from mmreplay.storage import check_kernel  # numba is loaded now (a sampler loads it too)
+assert not check_kernel.stamp_rows.signatures
 w = s.writer(lanes=1)
-assert _checkkernel.stamp_rows.signatures and _checkkernel.rows_finite.signatures, "kernels left to the first add"
+assert check_kernel.stamp_rows.signatures and check_kernel.rows_finite.signatures, "kernels left to the first add"
 w.close()
 s.close()
 """

@@ -10,7 +10,7 @@ import pytest
 from conftest import step
 
 import mmreplay
-from mmreplay.storage.table import (SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_NBUCKETS, SEG_SHIFT,
+from mmreplay.storage.snapshot import (SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_NBUCKETS, SEG_SHIFT,
                                     index_draws)
 from mmreplay import (
     EmptyStoreError,

@@ -16,39 +16,39 @@ import numpy as np
 from ..core.batch import TransitionBatch
 
 if TYPE_CHECKING:
-    from .store import ReplayStore
+    from ..core.schema import Schema
+    from .reader import StoreReader
 
 
-def _obs(store: ReplayStore, k: np.ndarray, slot: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
-    names = store.schema.obs_names
-    g = store.reader.gather
+def _obs(reader: StoreReader, schema: Schema, k: np.ndarray, slot: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
+    names = schema.obs_names
     if names == ("obs",):
-        return g("obs", k, slot)
-    return {n.removeprefix("obs/"): g(n, k, slot) for n in names}
+        return reader.gather("obs", k, slot)
+    return {n.removeprefix("obs/"): reader.gather(n, k, slot) for n in names}
 
 
-def transitions_at(store: ReplayStore, k: np.ndarray, slot: np.ndarray, ids: np.ndarray,
+def transitions_at(reader: StoreReader, schema: Schema, k: np.ndarray, slot: np.ndarray, ids: np.ndarray,
                    nxt: tuple[np.ndarray, np.ndarray] | None = None) -> TransitionBatch:
-    """The batch of the transitions at snapshot locations ``(k, slot)`` (global ids ``ids``);
-    ``nxt``: where each one's next row is, if the caller located it (else checked here:
-    ``KeyError`` for a location that starts no transition)."""
-    store.schema.require_transition_fields()
+    """The batch of the transitions at ``reader``'s snapshot locations ``(k, slot)`` (global ids
+    ``ids``) of a store of ``schema``; ``nxt``: where each one's next row is, if the caller located
+    it (else checked here: ``KeyError`` for a location that starts no transition)."""
+    schema.require_transition_fields()
     if nxt is None:
-        ok, nk, ns = store.reader.transition_starts(k, slot)
+        ok, nk, ns = reader.transition_starts(k, slot)
         if not ok.all():
             bad = ids[~ok][:5]
             raise KeyError(f"row ids {bad.tolist()} do not start a transition (episode end or next row not written)")
     else:
         nk, ns = nxt
-    g = store.reader.gather
-    core = {"obs", "action", "reward", "terminated", "truncated", *store.schema.obs_names}
+    g = reader.gather
+    core = {"obs", "action", "reward", "terminated", "truncated", *schema.obs_names}
     return TransitionBatch(
-        obs=_obs(store, k, slot),
+        obs=_obs(reader, schema, k, slot),
         action=g("action", k, slot),
         reward=g("reward", k, slot),
-        next_obs=_obs(store, nk, ns),
+        next_obs=_obs(reader, schema, nk, ns),
         terminated=g("terminated", k, slot),
         truncated=g("truncated", k, slot),
         ids=ids,
-        extra={n: g(n, k, slot) for n in store.schema.names if n not in core},
+        extra={n: g(n, k, slot) for n in schema.names if n not in core},
     )
