@@ -207,7 +207,7 @@ def ray_collect(
     Returns a :class:`RayCollectResult`; actors that failed are in ``errors``. Ctrl-C stops the
     actors, which close their writers and export what they wrote (``interrupted=True``).
     """
-    from ..actors.pool import _env_spaces, _Progress, _split, open_or_create
+    from ..actors.pool import _env_spaces, _Progress, _split, action_scale_metadata, open_or_create
     from ..core.schema import Schema
     from ..core.version import __version__
 
@@ -220,7 +220,7 @@ def ray_collect(
     schema = Schema.from_spaces(obs_space, act_space)
     env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
     base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
-            "mmreplay_version": __version__, **extra, **(metadata or {})}
+            "mmreplay_version": __version__, **extra, **action_scale_metadata(act_space), **(metadata or {})}
     root = _check_archive_root(str(archive_url), address)
     learner = None
     if store is not None:
