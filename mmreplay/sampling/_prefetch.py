@@ -7,7 +7,7 @@ on the store pages the learner keeps mapped (see ``tiers.py`` for the tiers as a
   up to ``prefetch_batches`` batches old, and rows evicted since they were drawn are skipped
   like rejected ones. Same seed and same store, same batches.
 * ``PageFetcher``: one background thread that issues ``MADV_WILLNEED`` for the records the views
-  of drawn rows will read (``_iokernels.advise_windows``: one compiled call per batch, the GIL
+  of drawn rows will read (``io_kernels.advise_windows``: one compiled call per batch, the GIL
   released), so the disk reads them, many at a time, while the learner computes; the gather
   then finds them in the page cache. Measured on the dev machine: a cold batch of 256 Atari
   transitions (stacks of 4) read on demand through ``MADV_RANDOM`` runs at ~1,500
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.fs import MADV_WILLNEED
 from ..core.errors import EmptyStoreError
-from ._gather import TransitionPlan, TransitionView, WindowPlan, gather_transitions, gather_windowed, kernels
+from .gather import TransitionPlan, TransitionView, WindowPlan, gather_transitions, gather_windowed, kernels
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
@@ -81,7 +81,7 @@ class DrawAhead:
     """The drawn-ahead row stream of one uniform sampler in exact mode (module docstring).
 
     ``state`` is the sampler's kernel generator state (shared, advanced in place), ``view``
-    what its transitions span. ``gather`` is a ``_gather.Source`` for the shared gather loop:
+    what its transitions span. ``gather`` is a ``gather.Source`` for the shared gather loop:
     ``take`` offers the next rows of the stream still visible, ``consumed`` drops the used ones
     (rejected ones included) from it."""
 
@@ -146,7 +146,7 @@ class DrawAhead:
         """The next rows of the stream that start a transition, gathered into ``out`` following
         ``plan``; then the next ``batches`` batches are drawn and their pages fetched. Returns
         ``(ids, window)`` (``window``: the computed n-step values, or ``None`` for one-step
-        transitions), what ``_gather.assemble`` takes with the plan and ``out``."""
+        transitions), what ``gather.assemble`` takes with the plan and ``out``."""
         store = self.store
         self._margin = margin = 8 + batch_size // 16
         seg = store.reader.segment_table()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._kernels import _next_u64
+from .transition_kernels import _next_u64
 
 K = 8
 

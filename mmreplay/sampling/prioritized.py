@@ -41,7 +41,7 @@ import numpy as np
 
 from ..core.fs import atomic_write
 from ..core.errors import EmptyStoreError
-from ._gather import Once, assemble, check_batch_size, kernels
+from .gather import Once, assemble, check_batch_size, kernels
 from .uniform import Mode, TransitionSampler
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ starting episode is not yet written to its end within the window (lookahead miss
 sampled. ``stride`` keeps only starts whose position in the lane is a multiple of ``stride``
 (R2D2-style overlapping sequences: ``stride = length // 2``).
 
-One compiled call draws, checks and gathers a batch (``_kernels.draw_rows`` and
-``_windows.gather_sequences``; imported lazily, like every numba module).
+One compiled call draws, checks and gathers a batch (``transition_kernels.draw_rows`` and
+``window_kernels.gather_sequences``; imported lazily, like every numba module).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import EmptyStoreError
-from ._gather import MAX_ROUNDS, Once, check_batch_size, kernel_state, kernels
+from .gather import MAX_ROUNDS, Once, check_batch_size, kernel_state, kernels
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
-    from ._gather import Source
+    from .gather import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ class SequenceSampler:
 
 class _Drawn:
     """Uniform rows drawn by the kernel from ``state`` over segment table ``seg`` (a
-    ``_gather.Source`` that never runs out)."""
+    ``gather.Source`` that never runs out)."""
 
     def __init__(self, state: np.ndarray, seg: np.ndarray) -> None:
         self.state, self.seg = state, seg

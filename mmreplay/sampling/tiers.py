@@ -176,7 +176,7 @@ class ResidentSet:
         reader = self.store.reader
         full = reader.segment_table()
         if self._key is None or self._key[0] is not full or self._key[1] != self.version:
-            from ._kernels import SEG_CUM_END
+            from .transition_kernels import SEG_CUM_END
 
             snap = reader.snapshot
             pinned = np.isin(snap.segment_ids, np.fromiter(reader.pinned, np.int64))

@@ -5,7 +5,7 @@ store's current snapshot: it draws uniformly over committed rows (a binary searc
 per-segment cumulative counts, so the cost does not grow with the number of segments) and redraws
 the few rows that do not start a transition (episode ends, a lane's newest row). Rejection keeps
 the draw exactly uniform over the valid set. Draws come from the sampler's seeded numpy
-generator; locating, validating and gathering run in one compiled pass (``_kernels.py``).
+generator; locating, validating and gathering run in one compiled pass (``transition_kernels.py``).
 
 Refresh policy: before each draw the sampler refreshes the snapshot if a writer of the same
 store handle published since (cheap: reread open segments' counts), and rescans the directory
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..core.errors import EmptyStoreError, SchemaError
-from ._gather import (
+from .gather import (
     Source,
     TransitionPlan,
     TransitionView,
@@ -44,7 +44,7 @@ from ._gather import (
     window_consts,
     window_plan,
 )
-from ._gather import kernels as _kernels
+from .gather import kernels as _kernels
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
@@ -272,7 +272,7 @@ class TransitionSampler:
 
     # -- windowed views (n-step returns, frame stacks) ----------------------------------------
     def _wplan(self, batch_size: int) -> WindowPlan:
-        """The windowed gather plan for ``batch_size`` (cached; see ``_gather.window_plan``)."""
+        """The windowed gather plan for ``batch_size`` (cached; see ``gather.window_plan``)."""
         key = -batch_size
         plan = self._plans.get(key)
         if plan is None:
@@ -290,7 +290,7 @@ class TransitionSampler:
 
     def _gather_windowed(self, batch_size: int, source: np.ndarray | Source, weights: np.ndarray | None = None,
                          table: np.ndarray | None = None) -> TransitionBatch:
-        """Fill a batch from ``source`` (a generator state or a ``_gather.Source``), skipping
+        """Fill a batch from ``source`` (a generator state or a ``gather.Source``), skipping
         starts whose window is incomplete; the views' values come back in ``reward``,
         ``discount`` and the flags."""
         plan = self._wplan(batch_size)
@@ -345,7 +345,7 @@ class UniformSampler(TransitionSampler):
         How often to look for segments written by other processes; ``None`` never refreshes
         automatically (call ``store.refresh()`` yourself).
     n_step, gamma
-        n-step returns (see ``_windows.py``): ``reward`` is the discounted return over up to
+        n-step returns (see ``window_kernels.py``): ``reward`` is the discounted return over up to
         ``n_step`` rows, ``next_obs`` the observation to bootstrap from and ``discount`` its
         factor. Starts whose lookahead is not written yet are not drawn.
     frame_stack

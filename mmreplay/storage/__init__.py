@@ -1,22 +1,36 @@
-"""storage: the store on disk and the one owner of its protocol.
+"""storage: the store on disk, and the one owner of its protocol.
 
-Modules: ``format`` (segment file layout, headers, control pages, stamps), ``segment``
-(allocate, map, seal a segment file), ``locks`` (flock-based lock files and the lock
-names), ``writer`` (the append path), ``segment_supply`` (segments made ahead of need), ``reader``
-(a process's read-only view of every segment, row gathers), ``recovery`` (open segments cut
-back to their longest valid prefix), ``verify`` and ``info`` (checks and reports), ``ingest``
-(whole sealed segments copied in from elsewhere), ``view`` (one-step transitions), ``store``
-(create/open, eviction, the public ``ReplayStore``), ``manifest`` (STORE.json and the segment-id
-counter), ``claims`` (writer-id claims, evict-then-allocate), ``opening`` (open-or-create for
-an env, the one compatibility rule), ``catalog`` (every segment sealed and how it left),
-``checks`` and ``check_kernel`` (each sealed segment checked once; damaged rows patched out of
-every reader's view), ``provenance`` (records of the runs that wrote a store).
+Floors, lowest first (a module imports only modules of its floor or below; no circle, type-only
+imports counted; no ``_private`` name crosses modules):
+
+* **format**: ``format`` (segment file layout: header, control slots, records, stamps, row
+  digests), ``check_kernel`` (the compiled check of commit groups, stamping, id lookup),
+  ``snapshot`` (the reader's snapshot and the segment table the sampling kernels read), ``locks``
+  (flock lock files and their names), ``catalog`` (every segment sealed and how it left),
+  ``manifest`` (STORE.json and its copy, the segment-id counter, the segment-sizing rule),
+  ``provenance`` (records of the runs that wrote a store);
+* **files**: ``segment`` (make, map, seal one segment file), ``checks`` (each sealed segment checked
+  once; damaged rows masked in every reader's view), ``files`` (``StoreFiles``: the store's
+  directory and the protocol over it: paths, locks, ids, catalog, segment states, eviction);
+* **write**: ``claims`` (writer-id claims, evict-then-allocate), ``recovery`` (a dead writer's
+  open tail cut back; every other unfinished segment sealed, damage masked), ``segment_supply``
+  (segments made ahead of need and retired), ``step_spec`` (the generated check and copy of one
+  step), ``writer`` (the append path);
+* **read**: ``reader`` (a process's view of every segment, row gathers, the transition-start
+  rule), ``transitions`` (one-step transition batches), ``verify`` (checks and repair), ``info``
+  (statistics for ``info()``);
+* **store**: ``store`` (``ReplayStore``, the user's object: create, open, write, read, inspect);
+* **seams**: ``exchange`` (rows in and out as whole segments: ``Ingest``, ``SessionIngest``,
+  ``segment_rows``), ``opening`` (open-or-create for an env, the one compatibility rule).
+
+Other rooms use only the names exported here: the user's objects, the exchange seam, and the read
+contract the samplers' kernels use (the segment table's columns, the row flags).
 
 Invariants kept here: a row is visible only once its writer has published it, and never
-changes after; sealed segments are immutable; no row of a sealed segment is served before the segment is
-checked, and no damaged row is ever served; the oldest sealed segment is evicted, never an
-open one; every lock name, segment state and writer-id claim lives in this room, and no code
-outside it reads or writes a store's or writer's private members.
+changes after; sealed segments are immutable; no row of a sealed segment is served before the
+segment is checked, and no damaged row is ever served; damage costs exactly the damaged rows
+(no file holding a row is removed because another is damaged); the oldest sealed segment is
+evicted, never an open one; every lock name, segment state and writer-id claim lives in this room.
 """
 
 from ..core.batch import TransitionBatch

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._kernels import (
+from .transition_kernels import (
     F_LEN,
     F_NEXT,
     F_OUT_OFF,

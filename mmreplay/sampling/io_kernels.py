@@ -15,8 +15,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ._kernels import SEG_BASE
-from ._windows import _pred, _succ
+from .transition_kernels import SEG_BASE
+from .window_kernels import _pred, _succ
 
 PAGE = 4096
 _MERGE_GAP = 4 * PAGE  # read up to this many bytes between two rows rather than make another call

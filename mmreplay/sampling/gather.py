@@ -41,10 +41,10 @@ def kernels() -> Any:
     if _KERNELS is None:
         from types import SimpleNamespace
 
-        from . import _iokernels as io
-        from . import _kernels as k
+        from . import io_kernels as io
+        from . import transition_kernels as k
         from . import _sumtree as t
-        from . import _windows as w
+        from . import window_kernels as w
 
         _KERNELS = SimpleNamespace(
             sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
@@ -118,7 +118,7 @@ class FieldBlock:
 
 @dataclass(frozen=True, slots=True)
 class TransitionPlan:
-    """How one-step transitions of a batch size are gathered (``_kernels``)."""
+    """How one-step transitions of a batch size are gathered (``transition_kernels``)."""
 
     table: np.ndarray
     """(F, 4) int64 kernel table: offset in the record, row bytes, output offset, next row (0/1)."""
@@ -136,7 +136,7 @@ class TransitionPlan:
 
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
-    """How n-step / frame-stacked transitions of a batch size are gathered (``_windows``)."""
+    """How n-step / frame-stacked transitions of a batch size are gathered (``window_kernels``)."""
 
     once: np.ndarray
     """(F, 4) int64 kernel table of fields copied once: record offset, row bytes, output offset,
@@ -192,7 +192,7 @@ def window_plan(store: ReplayStore, view: TransitionView, batch_size: int) -> Wi
     frame_stack + 1, ...)`` and ``obs``/``next_obs`` are overlapping views of it: 5 frames
     copied per transition instead of 8 for Atari stacks of 4.
     """
-    from ._windows import ROW_NEXT, ROW_SHARED, ROW_START
+    from .window_kernels import ROW_NEXT, ROW_SHARED, ROW_START
 
     lay, schema = store.layout, store.schema
     obs = set(schema.obs_names)
