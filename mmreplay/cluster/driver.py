@@ -13,7 +13,7 @@ and keeps only its own data path::
 the interface of :class:`mmreplay.ActorPool` for ``mmreplay train --ray``.
 
 Invariants kept here (the actor side is ``_ray_actor.py``, the driver side ``_fleet.py``, the
-learner's ingestion ``_shipping.py``):
+learner's ingestion ``mmreplay.archive.shipping``):
 
 * An actor is :func:`mmreplay.actors.run_worker` (the same stepping loop as local collection)
   in a threaded Ray actor, writing a local store on its node (``<local_dir>/<run id>/actor-NNN``)

@@ -8,7 +8,7 @@ A store is a directory::
     locks/            admin.lock (writers hold it shared), alloc.lock, ingest.lock, writer-NNN.lock
     segments/         NNNNNNNNNNNNN-wWWW.seg files; .tmp while being made, .deleted while evicted,
                       .corrupt once quarantined
-    ingest.tmp/       segments being built whole before they are renamed in (``ingest.py``)
+    ingest.tmp/       segments being built whole before they are renamed in (``exchange.py``)
 
 ``StoreFiles`` holds the manifest's facts (schema, store uuid, layout, capacity), the lock files,
 the segment-id counter, the catalog, segment states as their control pages say, and eviction.

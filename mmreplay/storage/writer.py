@@ -191,7 +191,7 @@ class Writer:
         self._rec0, self._rec_bytes = self.layout.records_offset, self.layout.record_bytes
         self._zero_record = np.zeros((), self.layout.record_dtype)
         atexit.register(self._atexit)
-        try:  # the first segment is made now, the next ones as the previous is taken (_supply.py)
+        try:  # the first segment is made now, the next ones as the previous is taken (segment_supply.py)
             with self._mutex:  # once this one is half full (a short session never makes a spare)
                 self._roll()
                 # the compiled stamping and float checks are loaded now, not in an add: a writer of several lanes
