@@ -61,8 +61,8 @@ def info(path: str, as_json: bool) -> None:
     click.echo(f"rows         {data['rows']:,}  (capacity {data['capacity']:,})")
     click.echo(f"transitions  {data['transitions']:,}")
     click.echo(f"episodes     {data['episodes']:,} ended ({data['episodes_terminated']:,} terminated, "
-               f"{data['episodes_truncated']:,} truncated or cut by the end of a run), "
-               f"{data['episodes_incomplete']:,} incomplete (a writer stopped mid-episode)")
+               f"{data['episodes_truncated']:,} truncated by the env, {data['episodes_cut']:,} cut by the end of a "
+               f"run), {data['episodes_incomplete']:,} incomplete (a writer stopped mid-episode)")
     click.echo(
         f"segments     {data['segments']} ({data['segments_open']} open, {data['evicted_segments']} evicted), "
         f"{data['segment_records']:,} rows / {_human_bytes(data['segment_bytes'])} each"
@@ -104,10 +104,11 @@ def info(path: str, as_json: bool) -> None:
             click.echo(f"  {name}: {why}")
     if data["metadata"]:
         click.echo(f"metadata     {json.dumps(data['metadata'])}")
-    for run in data["provenance"]:  # one line per collect run: what made the data
+    for run in data["provenance"]:  # one line per run: what made the data, and how it ended
+        steps = run.get("steps_stored", run.get("steps"))
         click.echo(f"run          {run['name']}: {run.get('kind', '?')} {run.get('env_id', '')} "
                    f"policy={run.get('policy', '?')} seed={run.get('seed', '?')} "
-                   f"steps={run.get('steps_stored', '?')} status={run.get('status', '?')}")
+                   f"steps={'?' if steps is None else steps} status={run.get('status', '?')}")
 
 
 @main.command()

@@ -273,6 +273,7 @@ def collect(
               "atari": atari, "durability": durability, "host": os.uname().nodename, "pid": os.getpid(),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     name = st.record_provenance(record)
+    cfgs = [dataclasses.replace(c, run=name) for c in cfgs]  # each worker keeps its own record beside it
     total = sum(c.steps or 0 for c in cfgs)
     bar = _Progress(total, progress)
     result = CollectResult(0, 0, 0, [], 0.0, 0, seed, provenance=name)

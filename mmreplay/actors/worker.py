@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -200,6 +202,8 @@ class WorkerConfig:
     gather_steps: int = 256
     """Most vector steps gathered before one ``add_batch`` (and at most 256 KiB): rows reach
     readers that many steps late. A trainer's actors use a few (fresh data), ``collect`` many."""
+    run: str | None = None
+    """The run's provenance record name: the worker keeps its own record beside it (``<run>.wNNN``)."""
     cut_episodes: bool = True
     """Store the last step of an episode the end of the run interrupts (the step budget, a stop,
     Ctrl-C) as a truncation, as D4RL's ``timeouts`` and Minari do: bootstrapping continues through
@@ -229,6 +233,10 @@ def _take(tree: Any, idx: Any) -> Any:
     if isinstance(tree, dict):
         return {k: _take(v, idx) for k, v in tree.items()}
     return np.asarray(tree)[idx]
+
+
+RECORD_S = 2.0
+"""A worker rewrites its provenance record at most this often while it runs."""
 
 
 def run_worker(
@@ -270,6 +278,30 @@ def run_worker(
     stats = _Stats(E)
     sent = {"steps": 0, "transitions": 0, "episodes": 0}
     last_report = time.monotonic()
+    stopped = [False]  # a stop was asked (the run is interrupted, not finished)
+    cut_rows: list[int] = []  # global row ids of the steps the end of the run cut (same-step / disabled)
+    buf: _StepBuffer | None = None
+    last_record = [0.0]
+
+    def stop_asked() -> bool:
+        stopped[0] = stopped[0] or bool(should_stop())
+        return stopped[0]
+
+    def record_run(status: str) -> None:
+        """This worker's own provenance record (``<run>.wNNN``): how far it got, how it ended, and the
+        steps it stored as truncated because the run ended there; rewritten as it goes, so a run whose
+        processes were killed still says what they stored."""
+        if cfg.run is None:
+            return
+        rec = {"kind": "worker", "run": cfg.run, "worker": cfg.worker, "status": status, "pid": os.getpid(),
+               "host": socket.gethostname(), "steps": stats.steps, "episodes": stats.episodes,
+               "cut_rows": cut_rows + (buf.cut_rows if buf is not None else []),
+               "writer_ids": [w.writer_id for w in writers], "updated_at": time.time()}
+        with contextlib.suppress(Exception):  # provenance is a record, never a reason to fail a run
+            store.record_provenance(rec, f"{cfg.run}.w{cfg.worker:03d}")
+        last_record[0] = time.monotonic()
+
+    record_run("running")
 
     def flush_report(final: bool = False) -> None:
         nonlocal last_report
@@ -283,9 +315,11 @@ def run_worker(
         sent.update({k: getattr(stats, k) for k in sent})
         stats.returns = []
         last_report = time.monotonic()
+        if not final and last_report - last_record[0] >= RECORD_S:
+            record_run("running")
 
     obs = None
-    buf: _StepBuffer | None = None
+    how = "done"
     t_loop, c_loop = time.perf_counter(), time.process_time()
     try:
         obs, _ = envs.reset(seed=[cfg.seed + cfg.worker * E + j for j in range(E)])
@@ -304,13 +338,13 @@ def run_worker(
             watch = isinstance(act, _EpsGreedy)  # only our ε-greedy needs episode starts (frame stacks)
             while steps < budget:
                 if buf.full or buf.empty:  # every T steps: stop? report? (stop before the flush, so the
-                    if should_stop():      # last step is still gathered and can be marked as cut)
+                    if stop_asked():      # last step is still gathered and can be marked as cut)
                         break
                     buf.flush()
                     if time.monotonic() - last_report >= cfg.report_s:
                         flush_report()
                 if may_step is not None and not may_step(E):
-                    if should_stop():
+                    if stop_asked():
                         break
                     buf.flush()  # the learner waits for these rows
                     time.sleep(0.001)
@@ -334,7 +368,7 @@ def run_worker(
         else:
             new_episode = np.ones(E, bool)
             zero = np.zeros(1, np.float64)
-            while stats.steps < budget and not should_stop():  # per copy: rows differ per step
+            while stats.steps < budget and not stop_asked():  # per copy: rows differ per step
                 if may_step is not None and not may_step(E):
                     time.sleep(0.001)
                     if time.monotonic() - last_report >= cfg.report_s:
@@ -343,24 +377,34 @@ def run_worker(
                 action = act(obs, new_episode)
                 next_obs, reward, term, trunc, info = envs.step(action)
                 env_done = term | trunc
+                cut_now = np.zeros(E, bool)
                 if cut and stats.steps + E >= budget:  # the run ends here: running episodes are cut
-                    trunc = trunc | ~term
+                    cut_now = ~env_done
+                    trunc = trunc | cut_now
                 done = term | trunc
                 # same-step: the final observations are in info; disabled: next_obs until we reset
                 for j in range(E):
                     a = action[j:j + 1]
                     writers[j].add(_row(_take(obs, [j]), a, reward[j:j + 1], term[j:j + 1], trunc[j:j + 1]))
+                    if cut_now[j]:
+                        cut_rows.append(writers[j].last_row_id)
                     if done[j]:  # the episode's final observation is its own (last) row of the lane
                         final = (_take(next_obs, [j]) if disabled or not env_done[j]  # cut: next_obs is its own
                                  else _one_lane(info["final_obs"][j]))
                         writers[j].add(_row(final, a, zero, [False], [False]))
                 if disabled and done.any():  # reset_mask resets those copies, returns the whole batch
                     next_obs, _ = envs.reset(options={"reset_mask": done})
-                stats.count(reward[None], done[None], autoreset_rows=False)
+                stats.count(reward[None], env_done[None], autoreset_rows=False)  # (a cut is no episode end)
                 new_episode = done  # done lanes were reset in this step
                 obs = next_obs
                 if time.monotonic() - last_report >= cfg.report_s:
                     flush_report()
+    except KeyboardInterrupt:
+        how = "interrupted"
+        raise
+    except BaseException:
+        how = "failed"
+        raise
     finally:
         try:
             if buf is not None:
@@ -374,6 +418,7 @@ def run_worker(
                     w.close(last_obs=obs if next_step else _take(obs, [j]))
         finally:
             envs.close()
+            record_run("interrupted" if how == "done" and stopped[0] else how)
             store.close()
             flush_report(final=True)  # also after a crash: what was written before it is stored
 
@@ -435,6 +480,8 @@ class _StepBuffer:
         self.terms: list[np.ndarray] = []
         self.truncs: list[np.ndarray] = []
         self.tail_done = np.zeros(writer.lanes, np.bool_)  # the last flushed step's done flags
+        self.cut: np.ndarray | None = None  # lanes whose episode cut_last() cut (until the flush)
+        self.cut_rows: list[int] = []  # global row ids of the steps it cut (written)
         by_ref = ("reward", "terminated", "truncated", *(("action",) if fresh_actions else ()))
         self.bufs = {f.name: np.empty((T, writer.lanes, *f.shape), f.dtype) for f in writer.schema.fields
                      if f.name not in by_ref}
@@ -488,7 +535,8 @@ class _StepBuffer:
             return False
         done = self.terms[-1] | self.truncs[-1]
         prev = self.terms[-2] | self.truncs[-2] if len(self.terms) >= 2 else self.tail_done
-        self.truncs[-1] = self.truncs[-1] | ~(done | prev)  # a new array: the env's is kept by reference
+        self.cut = ~(done | prev)
+        self.truncs[-1] = self.truncs[-1] | self.cut  # a new array: the env's is kept by reference
         return True
 
     def flush(self) -> None:
@@ -496,6 +544,7 @@ class _StepBuffer:
             return
         n, lanes = len(self.rewards), self.writer.lanes  # (concatenate: a fraction of np.stack's cost per step)
         reward, term, trunc = (np.concatenate(x).reshape(n, lanes) for x in (self.rewards, self.terms, self.truncs))
+        cut, self.cut = self.cut, None
         self.tail_done = term[-1] | trunc[-1]  # for cut_last() when the next block holds one step
         self.rewards, self.terms, self.truncs = [], [], []
         k, self.k = self.k, 0
@@ -507,7 +556,11 @@ class _StepBuffer:
                 batch["action"] = np.concatenate(actions).reshape(k, *self.action_shape)
             self.writer.add_batch(batch)
             self.writer.publish()  # visible now, and the writer's publisher thread stays asleep
-        self.stats.count(reward, term | trunc, autoreset_rows=True)
+        done = term | trunc
+        if cut is not None:  # episodes the end of the run cut: stored as truncated, not counted as ended
+            self.cut_rows.extend(self.writer.last_step_ids[cut].tolist())
+            done[-1] &= ~cut
+        self.stats.count(reward, done, autoreset_rows=True)
 
 
 def _one_lane(x: Any) -> Any:

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.episodes import LaneCarry, masked_last, segment_episodes
+from ..core.episodes import LaneCarry, masked_last, row_flags, segment_episodes
 from ..core.fs import atomic_write
 from ..core.schema import Schema
 from ..storage import segment_rows
@@ -165,7 +165,7 @@ def _carry(g: Any, table: np.ndarray, cache: dict[tuple[int, int, int], LaneCarr
     done = np.zeros(L, np.bool_)
     for flag in ("terminated", "truncated"):
         if f"fields/{flag}" in g:
-            done |= np.asarray(read_rows(g, f"fields/{flag}", sel), np.bool_).reshape(L, -1).any(axis=1)
+            done |= row_flags(read_rows(g, f"fields/{flag}", sel))
     return LaneCarry(np.asarray(read_rows(g, "episode", sel), np.int64), np.asarray(read_rows(g, "is_last", sel), np.bool_),
                      done & ~read_masked(g, sel))
 

@@ -36,6 +36,12 @@ class LaneCarry:
     then the next row is its final observation (``masked_last``)."""
 
 
+def row_flags(x: np.ndarray) -> np.ndarray:
+    """A flag field's rows as one bool per row (a field of shape ``(n, ...)``: any of a row's values)."""
+    x = np.asarray(x, np.bool_)
+    return x.reshape(x.shape[0], -1).any(axis=1) if x.ndim > 1 else x
+
+
 def masked_last(is_last: np.ndarray, masked: np.ndarray, done: np.ndarray, *, lanes: int,
                 carry: LaneCarry | None) -> np.ndarray:
     """``is_last`` with the flag of every **masked** row (damaged: its own bytes unknown) worked

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..archive.zarr_io import ArchiveError
-from ..core.episodes import LaneCarry, masked_last, segment_episodes
+from ..core.episodes import LaneCarry, masked_last, row_flags, segment_episodes
 from ..core.errors import SchemaError
 from ..core.schema import Field, Schema
 from ..storage import MASKED
@@ -100,7 +100,7 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
         masked = raw == MASKED
         done = np.zeros(n, np.bool_)
         for f in flags:
-            done |= np.asarray(r.columns[f][w, :n], np.bool_).reshape(n, -1).any(axis=1)
+            done |= row_flags(r.columns[f][w, :n])
         carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if h.chain_index else None
         last = masked_last(raw == 1, masked, done, lanes=h.lanes, carry=carry)
         ep, first, out = segment_episodes(last, segment_id=sid, segment_records=R, lanes=h.lanes,

@@ -46,6 +46,7 @@ import numpy as np
 from .checks import identity, to_ranges
 from .format import STATE_SEALED, Header, group_seed
 from ..core.fs import fsync_dir
+from ..core.episodes import row_flags
 from ..core.errors import SchemaError, StoreLockedError
 from .segment import Segment, SegmentInfo, now_ns, segment_info, segment_name
 from . import claims
@@ -347,7 +348,7 @@ def segment_rows(store: ReplayStore, segment: SegmentInfo, *, rows: int | None =
         done = np.zeros(n, np.bool_)
         for flag in ("terminated", "truncated"):
             if flag in f.schema:
-                done |= out[flag][:n].astype(np.bool_).reshape(n, -1).any(axis=1)
+                done |= row_flags(out[flag][:n])
         return SegmentRows(out, last, masked, done)
     finally:
         seg.close()

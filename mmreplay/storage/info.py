@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .format import MASKED, STAMP_DTYPE, STATE_NAMES, STATE_SEALED
-from .provenance import read_provenance
+from .locks import held_elsewhere, writer_lock_name
+from .provenance import cut_rows, read_provenance
 from .verify import masked_rows
 from ..core.fs import MADV_DONTNEED, MADV_SEQUENTIAL
 
@@ -26,8 +27,10 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
     s = r.snapshot
     segs = [r.segments[int(sid)] for sid in s.segment_ids]  # in id order; unreadable ones left out
     transitions = left_out = 0
-    ends = {"terminated": 0, "truncated": 0, "incomplete": 0}
+    ends = {"terminated": 0, "truncated": 0, "cut": 0, "incomplete": 0}
     flags = "terminated" in store.schema and "truncated" in store.schema
+    runs = read_provenance(store.path)
+    cuts = np.fromiter(cut_rows(runs), np.int64)
     size = store.layout.file_size
     for k, m in enumerate(segs):
         # counting reads every record's flags: the whole segment, in order. Read-ahead for the
@@ -40,7 +43,7 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
         transitions += int(valid.sum())
         left_out += int(blocked.sum())
         if flags:
-            _count_episode_ends(r, k, ends)
+            _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
         if mapped:
             r.region.advise(m.window, size, MADV_DONTNEED)
             r.advise(m)
@@ -58,10 +61,11 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
         "rows": int(s.total_rows),
         "transitions": transitions,
         "transitions_left_out": left_out,  # one-step transitions whose next row is masked (damaged)
-        "episodes": ends["terminated"] + ends["truncated"],
+        "episodes": ends["terminated"] + ends["truncated"] + ends["cut"],  # ended (a cut one is stored truncated)
         "episodes_terminated": ends["terminated"],
-        "episodes_truncated": ends["truncated"],
-        "episodes_incomplete": ends["incomplete"],
+        "episodes_truncated": ends["truncated"],  # by the env (time limits)
+        "episodes_cut": ends["cut"],  # by the end of a run (stored truncated; the runs' records name them)
+        "episodes_incomplete": ends["incomplete"],  # open when its writer stopped (died, or closed unmarked)
         "capacity": store.capacity,
         "segment_records": store.segment_records,
         "segments": len(segs),
@@ -79,7 +83,7 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
         "damaged_rows": r.check_counts()["damaged_rows"],  # left out of every batch
         "masked_rows": masked_rows(store),  # of those, acknowledged by a repair
         "metadata": store.metadata,
-        "provenance": read_provenance(store.path),
+        "provenance": runs,
         "created_at": store.manifest.get("created_at"),
         "rows_per_writer": {str(w): int(np.sum([m.committed for m in segs if m.header.writer_id == w])) for w in writers},
         "tiers": tier_summary(r, store.layout),
@@ -97,22 +101,51 @@ def _transition_starts(r: StoreReader, k: int) -> tuple[np.ndarray, np.ndarray]:
     return ok & (nxt != MASKED), ok & (nxt == MASKED)
 
 
-def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int]) -> None:
-    """Add the episodes whose last step lies in snapshot segment ``k``: terminated, truncated
-    (time limits, and runs that ended mid-episode), and incomplete (the next row of the lane is the
-    final observation but the step is neither: a writer killed, or a run stopped, mid-episode)."""
+def _finished(store: StoreFiles, r: StoreReader, k: int) -> bool:
+    """Snapshot segment ``k`` is the last with rows its session will write: its successors (a
+    segment made ahead of need) hold no row, and its writer is gone (the segment sealed, or its
+    writer's lock free: a killed writer's open segment)."""
+    snap = r.snapshot
+    chain, j = [k], int(snap.succ[k])
+    while j >= 0:
+        if snap.committed[j]:
+            return False
+        chain.append(j)
+        j = int(snap.succ[j])
+    if snap.sealed[chain].any():
+        return True
+    m = r.segments[int(snap.segment_ids[k])]
+    return not held_elsewhere(store.locks_dir / writer_lock_name(m.header.writer_id))
+
+
+def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.ndarray, finished: bool) -> None:
+    """Add the episodes whose last step lies in snapshot segment ``k``: terminated, truncated by
+    the env, cut by the end of a run (stored truncated: ``cuts`` holds their rows' global ids, as
+    the runs recorded them), and incomplete: the next row of the lane is the final observation but
+    the step is neither (a writer closed mid-episode without a mark), or, in a session's last
+    segment once its writer is gone (``finished``), a lane's last row is a step of a running episode
+    (its writer died, or closed, mid-episode)."""
     snap = r.snapshot
     w, n = int(snap.windows[k]), int(snap.committed[k])
     here_last = r.is_last[w, :n] != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
     term = r.columns["terminated"][w, :n] & ~here_last
     trunc = r.columns["truncated"][w, :n] & ~here_last & ~term
     ends["terminated"] += int(term.sum())
-    ends["truncated"] += int(trunc.sum())
+    cut = trunc & np.isin(int(snap.segment_ids[k]) * r.R + np.arange(n), cuts) if len(cuts) else np.zeros(n, bool)
+    ends["cut"] += int(cut.sum())
+    ends["truncated"] += int((trunc & ~cut).sum())
     slot = np.arange(n)
     ok, k2, s2 = r.successors(np.full_like(slot, k), slot)
     next_last = np.zeros(n, np.bool_)
     next_last[ok] = r.is_last[snap.windows[k2[ok]], s2[ok]] == 1
     ends["incomplete"] += int((next_last & ~here_last & ~term & ~trunc).sum())
+    if finished and n:
+        L = int(snap.lanes[k])
+        tail = np.arange(max(n - L, 0), n)  # each lane's last row
+        flags = r.is_last[w, tail]
+        running = (flags == 0) & ~np.asarray(r.columns["terminated"][w, tail], bool) \
+            & ~np.asarray(r.columns["truncated"][w, tail], bool)
+        ends["incomplete"] += int(running.sum())
 
 
 def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -31,6 +31,23 @@ def writer_lock_name(writer_id: int) -> str:
     return f"writer-{writer_id:03d}.lock"
 
 
+def held_elsewhere(path: Path) -> bool:
+    """Whether a live process holds the lock file at ``path`` (a read-only probe: nothing is
+    created or written, and the probe's own shared lock is dropped at once). A missing file is
+    held by nobody."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class FileLock:
     """One flock on one lock file. ``acquire`` never blocks unless ``blocking=True``."""
 

@@ -303,6 +303,18 @@ class Writer:
         """Global row id of the newest row written (the last lane's row of the newest step); -1 if none."""
         return -1 if not self._segs or self._n == 0 else self._segs[-1].header.segment_id * self.layout.segment_records + self._n - 1
 
+    @property
+    def last_step_ids(self) -> np.ndarray:
+        """Global row ids of each lane's newest row (int64, ``(lanes,)``; -1 before the first step)."""
+        out = np.full(self.lanes, -1, np.int64)
+        if not self._segs or self._n == 0:
+            return out
+        R = self.layout.segment_records
+        if self._chains == 1:
+            seg = self._segs[0]
+            return seg.header.segment_id * R + self._n - self.lanes + np.arange(self.lanes, dtype=np.int64)
+        return np.array([seg.header.segment_id * R + self._n - 1 for seg in self._segs], np.int64)
+
     def stats(self) -> dict[str, Any]:
         """This session as tools and tests see it: the open segment (chain index, rows), rows not
         yet published, whether the next segment is ordered, and the publisher thread's state."""

@@ -55,7 +55,12 @@ def test_store_holds_exactly_what_the_env_emitted(tmp_path, mode, env):
     assert got == emitted
     assert res.transitions == sum(emitted.values()) and res.steps == 600
     assert any(k[4] for k in emitted) and any(k[5] for k in emitted)  # both episode ends happened
-    assert res.episodes == sum(1 for k in _envs.emitted_as_stored() if k[4] or k[5])
+    # episodes that ended on their own: the ones the end of the run cut are stored truncated, not counted
+    assert res.episodes == sum(1 for k in _envs.EMITTED if k[4] or k[5])
+    with mmreplay.open_store(tmp_path / "s") as store:
+        info = store.info()
+    cut = sum(1 for i in _envs.LAST.values() if not (_envs.EMITTED[i][4] or _envs.EMITTED[i][5]))
+    assert (info["episodes_cut"], info["episodes"]) == (cut, res.episodes + cut)
 
 
 def test_workers_share_one_store_and_each_run_is_recorded(tmp_path):
@@ -339,15 +344,17 @@ def test_collect_segment_records_and_honest_sizes(tmp_path):
 
 @pytest.mark.parametrize("autoreset", ["next_step", "same_step"])
 def test_episodes_cut_by_the_end_of_a_collect_are_truncations(tmp_path, autoreset):
-    """The end of the run cuts every running episode: its last step is stored as truncated, so info's
-    episode count agrees with the collect summary and nothing is left incomplete."""
+    """The end of the run cuts every running episode: its last step is stored as truncated, counted
+    as cut (apart from the env's own truncations), so info agrees with the collect summary (which
+    counts the episodes that ended on their own) and nothing is left incomplete."""
     res = collect("CartPole-v1", tmp_path / "s", 4000, workers=0, envs_per_worker=4, seed=0, progress=False,
                   autoreset_mode=autoreset)
     with mmreplay.open_store(tmp_path / "s") as st:
         info = st.info()
     assert info["episodes_incomplete"] == 0
-    assert info["episodes"] == res.episodes == info["episodes_terminated"] + info["episodes_truncated"]
-    assert info["episodes_truncated"] >= 1  # CartPole has no time limit below 500 steps: the cut ones
+    assert info["episodes_terminated"] + info["episodes_truncated"] == res.episodes
+    assert info["episodes"] == res.episodes + info["episodes_cut"]
+    assert info["episodes_truncated"] == 0 and info["episodes_cut"] == 4  # no time limit below 500: 4 cut
 
 
 def test_info_counts_an_unmarked_cut_episode_as_incomplete(tmp_path, schema):
