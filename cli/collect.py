@@ -111,7 +111,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
         last = err.strip().splitlines()[-1] if err.strip() else "unknown error"
         click.echo(f"worker {w} failed: {last}", err=True)
     if result.interrupted:
-        sys.exit(130)
+        sys.exit(128 + (result.signal or 2))  # 130 after Ctrl-C, 143 after SIGTERM
     if result.errors:
         sys.exit(1)
 

@@ -64,6 +64,8 @@ class CollectResult:
     bytes_written: int
     seed: int
     interrupted: bool = False
+    signal: int | None = None
+    """The signal that stopped the run (SIGINT or SIGTERM), if one did."""
     errors: dict[int, str] = dataclasses.field(default_factory=dict)
     provenance: str | None = None
     loop_seconds: float = 0.0
@@ -80,6 +82,8 @@ class CollectResult:
 # -- processes -----------------------------------------------------------------------------
 def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C goes to the group
+    terminated = threading.Event()  # a SIGTERM to the group (a service manager): stop as if told, close the writers
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     # one torch intra-op thread per actor process (unless OMP_NUM_THREADS says otherwise): a policy's forward
     # pass is over a few observations and runs beside the learner and the other actors; torch's default, a
     # thread per core in each, oversubscribed the cores (`mmreplay train --atari --actors 2`: 47 env steps/s
@@ -95,7 +99,7 @@ def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: 
         q.put((kind, w, payload))
 
     def should_stop() -> bool:
-        return stop.is_set() or os.getppid() != parent
+        return stop.is_set() or terminated.is_set() or os.getppid() != parent
 
     if counts is not None:
         lock, raw = counts.get_lock(), counts.get_obj()
@@ -291,14 +295,16 @@ def collect(
         bar.update(payload["steps"], result)
 
     try:
-        if workers == 0:
-            stop = threading.Event()
-            try:
-                run_worker(cfgs[0], lambda kind, p: absorb(p), stop.is_set)
-            except KeyboardInterrupt:
-                result.interrupted = True
-        else:
-            _run_processes(cfgs, absorb, result)
+        with Interrupts() as interrupts:
+            if workers == 0:
+                stop = threading.Event()
+                try:
+                    run_worker(cfgs[0], lambda kind, p: absorb(p), stop.is_set)
+                except KeyboardInterrupt:
+                    result.interrupted = True
+            else:
+                _run_processes(cfgs, absorb, result, interrupts)
+        result.signal = interrupts.signal
     finally:
         result.seconds = time.perf_counter() - t0
         bar.close()
@@ -312,7 +318,8 @@ def collect(
     return result
 
 
-def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], None], result: CollectResult) -> None:
+def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], None], result: CollectResult,
+                   interrupts: Interrupts | None = None) -> None:
     q, stop, _, _, procs = _spawn(cfgs, limited=False)
     by_id = {c.worker: p for c, p in zip(cfgs, procs)}
     running = set(by_id)
@@ -348,11 +355,14 @@ def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], 
         stop.set()
         # keep draining while the workers close their writers: a worker exits only once its queue
         # feeder has flushed into the pipe, so waiting without reading could stall both sides
-        deadline = time.monotonic() + 120
-        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        start = time.monotonic()
+        while any(p.is_alive() for p in procs):
+            waited = time.monotonic() - start
+            if waited > 120 or (interrupts is not None and interrupts.hurry and waited > 15):
+                break  # a wedged env: more interrupts shorten the wait, never the closing of a live writer
             try:
                 drain(0.1)
-            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting; published rows are safe anyway
+            except KeyboardInterrupt:  # (no Interrupts installed: a second Ctrl-C stops waiting)
                 break
         for p in procs:
             if p.is_alive():  # pragma: no cover - a wedged env
@@ -362,6 +372,42 @@ def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], 
             with contextlib.suppress(Exception):
                 drain(0.01)
         q.close()
+
+
+class Interrupts:
+    """How a run is told to stop, used as a context manager around it in the main thread: the first
+    SIGINT (Ctrl-C) or SIGTERM (``timeout``, a service manager) raises ``KeyboardInterrupt`` there;
+    later ones (a terminal's double Ctrl-C, ``timeout`` sending both) never interrupt the closing
+    of the writers, they only shorten how long a wedged worker is waited for (``hurry``)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        """The first signal that arrived (``signal.SIGINT`` or ``signal.SIGTERM``)."""
+        self.count = 0
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.signal is None:
+            self.signal = signum
+            raise KeyboardInterrupt
+        if self.count == 2:
+            print("mmreplay: stopping; the writers are closed first (their rows are kept)", file=sys.stderr)
+
+    @property
+    def hurry(self) -> bool:
+        return self.count >= 2
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
 
 
 class _Progress:
