@@ -9,6 +9,7 @@ bodies, so ``mmreplay --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import click
@@ -47,7 +48,11 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
     (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED; offline: "
                                                                  "runs/EVAL_ENV__ALGO-offline__sSEED]")),
-    (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint.")),
+    (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint "
+                                                           "(rows a killed run stored after it stay in the store, "
+                                                           "and are sampled; its steps count from the checkpoint).")),
+    (("--shared-store",), dict(is_flag=True, default=None, help="Train online from a store another online run is "
+                                                                 "training from (refused otherwise).")),
     (("--num-envs",), dict(type=_INT, help="Envs of the synchronous loop's vector env. [1]")),
     (("--atari",), dict(is_flag=True, default=None, help="Atari preprocessing, Nature CNN, Nature-DQN preset.")),
     (("--minatar/--no-minatar",), dict(help="MinAtar network and the MinAtar paper's DQN preset. "
@@ -227,6 +232,11 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
         step, mean, std = result.evals[-1]
         click.echo(f"final eval   {mean:.1f} ± {std:.1f}  (step {step:,}; best {result.best_return:.1f})")
     click.echo(f"policy       {result.policy_path}")
+    if result.interrupted:
+        click.echo(f"interrupted  at step {result.env_steps if not cfg.offline else result.updates:,}: the episodes it "
+                   f"cut are marked, a checkpoint is written; `mmreplay train --resume --run-dir {result.run_dir}` "
+                   "continues", err=True)
+        sys.exit(128 + result.interrupted)  # 130 after Ctrl-C, 143 after SIGTERM
     click.echo(f"plot with    mmreplay plot {result.run_dir}")
 
 

@@ -380,11 +380,18 @@ class Interrupts:
     later ones (a terminal's double Ctrl-C, ``timeout`` sending both) never interrupt the closing
     of the writers, they only shorten how long a wedged worker is waited for (``hurry``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, raises: bool = True) -> None:
         self.signal: int | None = None
         """The first signal that arrived (``signal.SIGINT`` or ``signal.SIGTERM``)."""
         self.count = 0
+        self.raises = raises
+        """Raise ``KeyboardInterrupt`` at the first signal; else only record it (``stop_requested``),
+        for a loop that stops at its next safe point (a trainer: never inside an update)."""
         self._old: dict[int, Any] = {}
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.signal is not None
 
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
@@ -396,7 +403,10 @@ class Interrupts:
         self.count += 1
         if self.signal is None:
             self.signal = signum
-            raise KeyboardInterrupt
+            if self.raises:
+                raise KeyboardInterrupt
+            print("mmreplay: stopping at the next safe point (a checkpoint is written)", file=sys.stderr)
+            return
         if self.count == 2:
             print("mmreplay: stopping; the writers are closed first (their rows are kept)", file=sys.stderr)
 
@@ -453,13 +463,14 @@ class ActorPool:
     def __init__(self, env_id: str, store_path: str | os.PathLike[str], *, actors: int, envs_per_actor: int = 1,
                  policy_path: str | os.PathLike[str], seed: int = 0, atari: bool | None = None,
                  max_episode_steps: int | None = None, durability: Literal["process", "segment", "batch"] = "segment",
-                 terminal_on_life_loss: bool = False) -> None:
+                 terminal_on_life_loss: bool = False, run: str | None = None) -> None:
         if actors < 1:
             raise ValueError(f"`actors` must be >= 1, got {actors}")
         spec = PolicySpec("eps-greedy", str(policy_path), None, reload_s=0.2)
         # rows are published every 16 vector steps: the learner samples data a few ms old
         self.cfgs = [WorkerConfig(w, env_id, str(store_path), None, envs_per_actor, seed, spec, atari, max_episode_steps,
-                                  "next_step", durability, terminal_on_life_loss, gather_steps=16) for w in range(actors)]
+                                  "next_step", durability, terminal_on_life_loss, gather_steps=16, run=run)
+                     for w in range(actors)]  # ``run``: the trainer's provenance record (the actors keep theirs beside it)
         self._procs: list[Any] = []
         self._returns: deque[float] = deque(maxlen=1000)
         self._episodes = 0

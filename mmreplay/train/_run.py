@@ -64,6 +64,9 @@ class TrainResult:
     data_wait: float
     damaged_rows: int = 0
     """Rows of the store that failed their checksums and were left out of every batch."""
+    interrupted: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run early, if one did: it stopped at a safe point,
+    marked the episodes it cut, and wrote a checkpoint (``--resume`` continues from it)."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -394,6 +397,38 @@ def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
                           what=str(cfg.env_id), writers=writers)
 
 
+
+
+def record_training(store: ReplayStore, cfg: TrainConfig, run_dir: Path, *, shared: bool = False) -> str:
+    """Record this online run in the store's provenance (``kind: "train"``, running), after making
+    sure no other online trainer is training from the store (``TrainingBusyError``-like
+    ``ValueError`` naming it, unless ``shared``: two trainers writing into and sampling from one
+    store is a mistake unless meant). Returns the record's name (``finish_training`` updates it)."""
+    import os
+    import socket
+
+    others = [r for r in store.provenance() if r.get("kind") == "train" and r.get("status") == "running"]
+    if others and not shared:
+        o = others[-1]
+        raise ValueError(f"{store.path} is being trained from by another run ({o.get('run_dir', o['name'])}, pid "
+                         f"{o.get('pid')}); two online trainers on one store both write and sample it "
+                         "(pass --shared-store if that is meant, or use another --store)")
+    return store.record_provenance({"kind": "train", "status": "running", "env_id": cfg.env_id, "seed": cfg.seed,
+                                    "policy": cfg.algo, "run_dir": str(run_dir), "pid": os.getpid(),
+                                    "host": socket.gethostname(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                              time.gmtime())})
+
+
+def finish_training(store: ReplayStore, name: str, status: str, steps: int, cut_rows: list[int]) -> None:
+    """How an online run ended, in its provenance record (``record_training``)."""
+    import contextlib
+
+    recs = {r["name"]: r for r in store.provenance()}
+    rec = {k: v for k, v in recs.get(name, {}).items() if k not in ("name", "workers")}
+    rec.update(status=status, steps_stored=int(steps), cut_rows=[int(i) for i in cut_rows if i >= 0],
+               finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    with contextlib.suppress(Exception):  # a record, never a reason to fail a run
+        store.record_provenance(rec, name)
 
 
 def replay_segment_records(schema: Any, capacity: int, writers: int) -> int:

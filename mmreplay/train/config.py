@@ -39,6 +39,9 @@ class TrainConfig:
     """Where metrics, checkpoints and policies go (default ``runs/<env>__<algo>__s<seed>``)."""
     resume: bool = False
     """Continue the run in ``run_dir`` from its checkpoint (same store: nothing is reloaded)."""
+    shared_store: bool = False
+    """Train online from a store another online run is training from (refused otherwise: both would
+    write into it and sample from it)."""
     num_envs: int = 1
     """Environments of the synchronous loop's vector env (one store lane each)."""
     atari: bool = False

@@ -51,9 +51,11 @@ from ._run import (
     Run,
     TrainResult,
     count_actions,
+    finish_training,
     next_multiple,
     offline_n_actions,
     open_store_for_env,
+    record_training,
     to_tensors,
 )
 from .checkpoint import restore_torch_rng
@@ -213,11 +215,19 @@ def train(cfg: TrainConfig) -> TrainResult:
     """Run a training job described by ``cfg`` (see the module docstring)."""
     if cfg.ray is not None and cfg.actors < 1:
         raise ValueError("--ray runs the actors on Ray: give --actors A (A >= 1)")
-    if cfg.offline:
-        return train_offline(cfg)
-    if cfg.actors > 0:
-        return train_actors(cfg)
-    return train_online(cfg)
+    from ..actors.pool import Interrupts
+
+    # a SIGINT (Ctrl-C) or SIGTERM stops the loop at its next safe point (never inside an update): the
+    # episodes it cuts are marked, a checkpoint and the policy are written, and the result says so
+    with Interrupts(raises=False) as stop:
+        if cfg.offline:
+            res = train_offline(cfg, stop)
+        elif cfg.actors > 0:
+            res = train_actors(cfg, stop)
+        else:
+            res = train_online(cfg, stop)
+    res.interrupted = stop.signal
+    return res
 
 
 # -- online, synchronous ------------------------------------------------------------------------------
@@ -227,7 +237,7 @@ refresh (the writer's commit, the reader's counts) per update cost ~70 us of a ~
 ``benchmarks/minatar_dqn.py``); the newest rows (at most 7 of them) wait for the next refresh."""
 
 
-def train_online(cfg: TrainConfig) -> TrainResult:
+def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     """The classic loop in one process: act, write the step into the store, train every
     ``train_freq`` env steps. Reproducible with a seed."""
     from ..agent.envs import flatten_obs, make_vec_env
@@ -265,9 +275,13 @@ def train_online(cfg: TrainConfig) -> TrainResult:
     epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
     stopped = False
     refreshed = -REFRESH_ROWS  # env steps at the last refresh
+    prov = record_training(store, cfg, run.dir, shared=cfg.shared_store)
+    cut_rows: list[int] = []  # the steps the end of the run cut (stored truncated), for the store's records
+    status = "failed"
     run.start_clock()
     try:
         while run.env_steps < cfg.steps and not stopped:
+            interrupted = stop is not None and stop.stop_requested
             # ACT: epsilon-greedy, one draw per env (none when every env only resets: the actions are ignored)
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
             if resets == n:
@@ -275,14 +289,19 @@ def train_online(cfg: TrainConfig) -> TrainResult:
             else:
                 actions = epsilon_greedy(partial(greedy_actions, learner.q, x, run.device), n_actions, epsilon, rng, n)
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
-            if run.env_steps + n - resets >= cfg.steps:  # the run ends here: running
-                truncated = truncated | ~(terminated | autoreset)      # episodes are cut (truncated)
+            cut = None
+            if interrupted or run.env_steps + n - resets >= cfg.steps:  # the run ends here: running
+                cut = ~(terminated | truncated | autoreset)                            # episodes are cut
+                truncated = truncated | cut
             # DATA: the step goes into the store (the row after an episode's end is its final obs)
             if isinstance(obs, dict):
                 writer.add({**flatten_obs(obs), "action": actions, "reward": reward, "terminated": terminated,
                             "truncated": truncated})
             else:  # keyword form: the writer's fast path
                 writer.add(obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated)
+            if cut is not None:
+                cut_rows.extend(writer.last_step_ids[cut].tolist())
+                truncated = truncated & ~cut  # (an episode the run cut is not counted as ended)
             ended = terminated | truncated
             ep_return += reward
             stepped = n - resets
@@ -315,18 +334,21 @@ def train_online(cfg: TrainConfig) -> TrainResult:
                     run.busy_s += time.perf_counter() - t1
                     run.profile_step()
             run.maybe_log(learner, epsilon)
-            stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id)
+            stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or interrupted
             run.maybe_checkpoint(learner, sampler, rng, epsilon, writer=writer)
         writer.close(last_obs=flatten_obs(obs) if isinstance(obs, dict) else obs)
-        return run.finish(learner, sampler, rng, epsilon, cfg.eval_env or cfg.env_id, stopped)
+        res = run.finish(learner, sampler, rng, epsilon, cfg.eval_env or cfg.env_id, stopped)
+        status = "interrupted" if stop is not None and stop.stop_requested else "done"
+        return res
     finally:
         writer.close()
+        finish_training(store, prov, status, run.env_steps, cut_rows)
         envs.close()
         store.close()
 
 
 # -- online, actor processes ----------------------------------------------------------------------------
-def train_actors(cfg: TrainConfig) -> TrainResult:
+def train_actors(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     """Actors in separate processes write the store; the learner samples it through a loader,
     publishes weights every ``publish_every`` updates, and keeps the samples-per-insert ratio."""
     try:
@@ -351,6 +373,11 @@ def train_actors(cfg: TrainConfig) -> TrainResult:
 
     store = open_store_for_env(cfg, _Spaces)
     probe.close()
+    try:
+        prov = record_training(store, cfg, run.dir, shared=cfg.shared_store)
+    except BaseException:
+        store.close()
+        raise
     learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
     total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
     spi = cfg.samples_per_insert or cfg.batch_size * cfg.gradient_steps / cfg.train_freq
@@ -373,7 +400,7 @@ def train_actors(cfg: TrainConfig) -> TrainResult:
     else:
         pool = ActorPool(cfg.env_id, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
                          policy_path=str(policy_path), seed=cfg.seed + run.env_steps, atari=cfg.atari or None,
-                         max_episode_steps=cfg.max_episode_steps)
+                         max_episode_steps=cfg.max_episode_steps, run=prov)
     slack = max(cfg.train_freq, cfg.actors * cfg.envs_per_actor * 4)
 
     warmup = max(cfg.learning_starts - base_rows, 0)
@@ -387,7 +414,7 @@ def train_actors(cfg: TrainConfig) -> TrainResult:
     sampler = None
     stopped = False
     try:
-        while pool.env_steps < max(warmup, 1):  # warm-up: data before the first update
+        while pool.env_steps < max(warmup, 1) and not (stop is not None and stop.stop_requested):  # warm-up
             time.sleep(0.01)
             pool.check()
             _take_returns(run, pool, seen)
@@ -420,7 +447,8 @@ def train_actors(cfg: TrainConfig) -> TrainResult:
                 if run.step >= run.next_log:  # the actors' episode returns are read here only (a queue poll)
                     _take_returns(run, pool, seen)
                     run.maybe_log(learner, epsilon, data_wait=batches.wait_fraction())
-                stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id)
+                stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or (stop is not None
+                                                                                  and stop.stop_requested)
                 run.maybe_checkpoint(learner, None, None, epsilon)
             data_wait = batches.total_wait_fraction()
         finally:
@@ -430,11 +458,14 @@ def train_actors(cfg: TrainConfig) -> TrainResult:
     finally:
         pool.stop()
     store.refresh()
+    status = "failed"
     try:
         res = run.finish(learner, None, None, epsilon, cfg.eval_env or cfg.env_id, stopped)
         res.data_wait = data_wait
+        status = "interrupted" if stop is not None and stop.stop_requested else "done"
         return res
     finally:
+        finish_training(store, prov, status, run.env_steps, [])  # (the actors recorded the steps they cut)
         store.close()
 
 
@@ -449,7 +480,7 @@ def _take_returns(run: Run, pool: Any, seen: list[int]) -> None:
 
 
 # -- offline --------------------------------------------------------------------------------------------
-def train_offline(cfg: TrainConfig) -> TrainResult:
+def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     """BC, DQN or CQL (discrete actions), TD3+BC, IQL or BC (Box actions, ``continuous.py``) from a
     saved store, read-only; ``steps`` learner updates."""
     from ..storage import open_store
@@ -499,7 +530,7 @@ def train_offline(cfg: TrainConfig) -> TrainResult:
             run.profile_step()
             if run.step >= run.next_log:
                 run.maybe_log(learner, data_wait=batches.wait_fraction())
-            stopped = run.maybe_eval(learner, eval_env)
+            stopped = run.maybe_eval(learner, eval_env) or (stop is not None and stop.stop_requested)
             run.maybe_checkpoint(learner, sampler, None, None)
         batches.close()
         data_wait = batches.total_wait_fraction()

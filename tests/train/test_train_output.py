@@ -75,4 +75,7 @@ def test_online_run_marks_the_episodes_its_end_cuts(tmp_path):
     assert r.returncode == 0, r.stderr
     with mmreplay.open_store(tmp_path / "s") as st:
         info = st.info()
-    assert info["episodes_incomplete"] == 0 and info["episodes_truncated"] >= 1
+    # CartPole's time limit is 500 steps: every truncation here is a cut the run recorded
+    assert info["episodes_incomplete"] == 0 and info["episodes_truncated"] == 0 and info["episodes_cut"] >= 1
+    runs = [r for r in info["provenance"] if r.get("kind") == "train"]
+    assert [r["status"] for r in runs] == ["done"] and len(runs[0]["cut_rows"]) == info["episodes_cut"]
