@@ -108,6 +108,19 @@ def describe(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
+def reported(line: str) -> str:
+    """A worker's last traceback line (``mmreplay.core.errors.DiskFullError: ... (hint: ...)``) with
+    the CLI hint in place of the library's Python-call one."""
+    m = re.match(r"(?:mmreplay\.core\.errors\.)?(\w+Error): (.*?)(?: \(hint: [^)]*\))?$", line.strip())
+    cls = getattr(E, m.group(1), None) if m else None
+    if m is None or not (isinstance(cls, type) and issubclass(cls, E.MMReplayError)):
+        return line
+    for kind, hint in _HINTS:
+        if issubclass(cls, kind):
+            return one_line(f"{m.group(1)}: {m.group(2)}", hint)
+    return line
+
+
 def one_line(message: str, hint: str | None) -> str:
     """``message (hint: ...)`` on one line."""
     text = " ".join(message.split())

@@ -97,7 +97,9 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
               help="Store to create (zarr: or an earlier import of the same archive, to resume or update it).")
 @click.option("--from", "fmt", type=click.Choice(["zarr", "minari", "dopamine"]), default="zarr", show_default=True,
               help="zarr: SOURCE is an archive path or URL; minari: a dataset id; dopamine: a checkpoint directory.")
-@click.option("--max-rows", type=click.IntRange(1), default=None, help="zarr: import only the newest segments.")
+@click.option("--max-rows", type=click.IntRange(1), default=None,
+              help="zarr: import only the newest whole segments holding at least this many rows (a segment is "
+                   "never split: its row ids stay the archived ones).")
 @click.option("--checkpoints", default=None, help="dopamine: checkpoint numbers, e.g. 0,1,2 (default: all).")
 @click.option("--stack-size", type=click.IntRange(1), default=4, show_default=True,
               help="dopamine: frame-stack size the buffer was written with.")
@@ -118,6 +120,9 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
 
         with _progress(progress, "row") as cb:
             r = import_archive(source, store_path, max_rows=max_rows, progress=cb)
+        if max_rows is not None and r.rows > max_rows:
+            click.echo(f"--max-rows {max_rows:,}: the newest whole segments hold {r.rows:,} rows (a segment is "
+                       "imported whole)")
         click.echo(f"imported {r.segments_written} segments ({r.rows_written:,} rows) into {r.path}; "
                    f"it holds {r.segments} archived segments, {r.rows:,} rows")
     elif fmt == "minari":

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from ._errors import describe, friendly, one_line
+from ._errors import describe, friendly, one_line, reported
 
 
 @click.command("collect")
@@ -96,12 +97,15 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
     from mmreplay.storage.info import disk_usage
 
-    allocated, files = disk_usage(store)
+    allocated, files = disk_usage(store) if os.path.isdir(os.path.join(store, "segments")) else (0, 0)
     click.echo(f"{state}: stored {result.steps:,} env steps ({result.transitions:,} transitions, "
                f"{result.episodes:,} episodes, mean return of last {min(len(rets), 100)}: {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
                f"{result.bytes_written / 2**20:,.1f} MiB of rows; seed {result.seed}; store {store}: "
                f"{allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
+    if result.steps > steps and not result.interrupted:
+        click.echo(f"note: --steps {steps:,} is rounded up to whole vector steps ({envs_per_worker} env(s) per worker "
+                   f"step together): {result.steps:,} env steps stored")
     _disk_pressure(store)
     if ray_address is not None:
         restarts = sum(result.restarts.values())
@@ -109,7 +113,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
                    + (f"; {restarts} actor restart(s)" if restarts else ""))
     for w, err in sorted(result.errors.items()):
         last = err.strip().splitlines()[-1] if err.strip() else "unknown error"
-        click.echo(f"worker {w} failed: {last}", err=True)
+        click.echo(f"worker {w} failed: {reported(last)}", err=True)
     if result.interrupted:
         sys.exit(128 + (result.signal or 2))  # 130 after Ctrl-C, 143 after SIGTERM
     if result.errors:

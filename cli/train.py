@@ -18,6 +18,8 @@ from ._errors import describe, friendly, one_line
 
 _FLOAT = click.FLOAT
 _INT = click.INT
+_POS = click.IntRange(min=1)  # a bad value is a usage error (exit 2), as collect's
+_NAT = click.IntRange(min=0)
 
 
 def _opt(*names: str, **kw: Any) -> Any:
@@ -44,7 +46,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql", "td3bc", "iql"]),
                        help="dqn (double DQN); bc, cql offline (discrete actions); td3bc, iql, bc offline (Box "
                             "actions, CORL's settings). [dqn]")),
-    (("--steps",), dict(type=_INT, help="Env steps online / learner updates offline. [100000]")),
+    (("--steps",), dict(type=_POS, help="Env steps online / learner updates offline. [100000]")),
     (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
     (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED; offline: "
                                                                  "runs/EVAL_ENV__ALGO-offline__sSEED]")),
@@ -53,32 +55,32 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
                                                            "and are sampled; its steps count from the checkpoint).")),
     (("--shared-store",), dict(is_flag=True, default=None, help="Train online from a store another online run is "
                                                                  "training from (refused otherwise).")),
-    (("--num-envs",), dict(type=_INT, help="Envs of the synchronous loop's vector env. [1]")),
+    (("--num-envs",), dict(type=_POS, help="Envs of the synchronous loop's vector env. [1]")),
     (("--atari",), dict(is_flag=True, default=None, help="Atari preprocessing, Nature CNN, Nature-DQN preset.")),
     (("--minatar/--no-minatar",), dict(help="MinAtar network and the MinAtar paper's DQN preset. "
                                                           "[on for MinAtar/ ids]")),
-    (("--max-episode-steps",), dict(type=_INT, help="Time limit of episodes. [the env's]")),
-    (("--frame-stack",), dict(type=_INT, help="Frames per observation, stacked by the sampler. [1; atari 4]")),
-    (("--actors",), dict(type=_INT, help="Actor processes writing the store; 0: synchronous loop. [0]")),
-    (("--envs-per-actor",), dict(type=_INT, help="Envs per actor process. [1]")),
+    (("--max-episode-steps",), dict(type=_NAT, help="Time limit of episodes. [the env's]")),
+    (("--frame-stack",), dict(type=_POS, help="Frames per observation, stacked by the sampler. [1; atari 4]")),
+    (("--actors",), dict(type=_NAT, help="Actor processes writing the store; 0: synchronous loop. [0]")),
+    (("--envs-per-actor",), dict(type=_POS, help="Envs per actor process. [1]")),
     (("--ray",), dict(type=str, is_flag=False, flag_value="local", metavar="[ADDRESS]",
                       help="Actors as Ray actors: on the cluster at ADDRESS ('auto', 'ray://head:10001'), or on a "
                            "local Ray instance without one (after ENV_ID).")),
     (("--ray-archive",), dict(type=str, metavar="URL",
                               help="With --ray: where actors export segments, a path or URL every node reaches. "
                                    "[STORE.archive]")),
-    (("--capacity",), dict(type=_INT, help="Rows the store keeps, if the run creates it. [1000000]")),
-    (("--segment-records",), dict(type=_INT, help="Rows per segment file, if the run creates the store.")),
+    (("--capacity",), dict(type=_POS, help="Rows the store keeps, if the run creates it. [1000000]")),
+    (("--segment-records",), dict(type=_POS, help="Rows per segment file, if the run creates the store.")),
     (("--learning-rate", "--lr"), dict(type=_FLOAT, help="Learning rate. [2.3e-3; atari 1e-4; minatar 2.5e-4]")),
     (("--optimizer",), dict(type=click.Choice(["adam", "rmsprop"]), help="adam, or centered RMSprop. [adam; minatar "
                                                                             "rmsprop]")),
-    (("--batch-size",), dict(type=_INT, help="Transitions per update. [64; atari 32]")),
+    (("--batch-size",), dict(type=_POS, help="Transitions per update. [64; atari 32]")),
     (("--gamma",), dict(type=_FLOAT, help="Discount. [0.99]")),
-    (("--n-step",), dict(type=_INT, help="n-step returns (computed by the sampler). [1]")),
-    (("--train-freq",), dict(type=_INT, help="Env steps between training rounds (at least num_envs: one round per vector step at most). [256; atari 4; minatar 1]")),
-    (("--gradient-steps",), dict(type=_INT, help="Updates per training round. [128; atari 1]")),
-    (("--learning-starts",), dict(type=_INT, help="Env steps before the first update. [1000; atari 80000]")),
-    (("--target-update-interval",), dict(type=_INT, help="Updates between target updates. [128; offline 1000; atari 1000]")),
+    (("--n-step",), dict(type=_POS, help="n-step returns (computed by the sampler). [1]")),
+    (("--train-freq",), dict(type=_POS, help="Env steps between training rounds (at least num_envs: one round per vector step at most). [256; atari 4; minatar 1]")),
+    (("--gradient-steps",), dict(type=_POS, help="Updates per training round. [128; atari 1]")),
+    (("--learning-starts",), dict(type=_NAT, help="Env steps before the first update. [1000; atari 80000]")),
+    (("--target-update-interval",), dict(type=_POS, help="Updates between target updates. [128; offline 1000; atari 1000]")),
     (("--tau",), dict(type=_FLOAT, help="Target update: 1 copies, <1 Polyak-averages. [1.0]")),
     (("--double/--no-double",), dict(help="Double DQN targets. [double]")),
     (("--dueling/--no-dueling",), dict(help="Dueling head. [no]")),
@@ -95,7 +97,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--cql-alpha",), dict(type=_FLOAT, help="Weight of the CQL regulariser. [1.0]")),
     (("--policy-noise",), dict(type=_FLOAT, help="TD3+BC: target policy smoothing noise (unit actions). [0.2]")),
     (("--noise-clip",), dict(type=_FLOAT, help="TD3+BC: clip of the smoothing noise. [0.5]")),
-    (("--policy-freq",), dict(type=_INT, help="TD3+BC: critic updates per actor update. [2]")),
+    (("--policy-freq",), dict(type=_POS, help="TD3+BC: critic updates per actor update. [2]")),
     (("--td3bc-alpha",), dict(type=_FLOAT, help="TD3+BC: weight alpha of Q in the actor loss. [2.5]")),
     (("--iql-expectile",), dict(type=_FLOAT, help="IQL: expectile of the value regression. [0.7]")),
     (("--iql-beta",), dict(type=_FLOAT, help="IQL: inverse temperature of the advantage weights. [3.0]")),
@@ -103,28 +105,28 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--normalize-obs/--no-normalize-obs",), dict(help="Continuous: normalize observations with the dataset's "
                                                         "mean and std (mmreplay.field_stats). [yes]")),
     (("--samples-per-insert",), dict(type=_FLOAT, help="Actors: sampled per inserted transition. [batch*gradient_steps/train_freq]")),
-    (("--publish-every",), dict(type=_INT, help="Actors: updates between weight publications. [64]")),
+    (("--publish-every",), dict(type=_POS, help="Actors: updates between weight publications. [64]")),
     (("--eval-env",), dict(type=str, help="Env id for evaluation. [ENV_ID or the store's env_id]")),
-    (("--eval-every",), dict(type=_INT, help="Steps between evaluations, 0: at the end only. [10000]")),
-    (("--eval-episodes",), dict(type=_INT, help="Greedy episodes per evaluation, 0: none. [20]")),
+    (("--eval-every",), dict(type=_NAT, help="Steps between evaluations, 0: at the end only. [10000]")),
+    (("--eval-episodes",), dict(type=_NAT, help="Greedy episodes per evaluation, 0: none. [20]")),
     (("--target-return",), dict(type=_FLOAT, help="Stop once an evaluation reaches this mean return.")),
-    (("--log-every",), dict(type=_INT, help="Steps between metric rows. [1000]")),
-    (("--checkpoint-every",), dict(type=_INT, help="Steps between checkpoints, 0: at the end only. [10000]")),
+    (("--log-every",), dict(type=_NAT, help="Steps between metric rows. [1000]")),
+    (("--checkpoint-every",), dict(type=_NAT, help="Steps between checkpoints, 0: at the end only. [10000]")),
     (("--progress/--no-progress",), dict(help="Progress bar on stderr. [when stderr is a terminal]")),
     (("--tensorboard/--no-tensorboard",), dict(help="Also log to TensorBoard if installed. [yes]")),
     (("--device",), dict(type=str, help="auto, cpu, cuda, cuda:1... [auto]")),
     (("--amp",), dict(is_flag=True, default=None, help="bf16 autocast on CUDA.")),
     (("--compile",), dict(is_flag=True, default=None, help="torch.compile the Q network.")),
     (("--profile",), dict(is_flag=True, default=None, help="torch profiler trace of a few updates.")),
-    (("--threads",), dict(type=_INT, help="torch intra-op threads. [1 for MLPs on CPU]")),
+    (("--threads",), dict(type=_POS, help="torch intra-op threads. [1 for MLPs on CPU]")),
     (("--flush-denormal/--no-flush-denormal",), dict(help="On the CPU, flush denormal floats to zero (faster; "
                                                           "torch.set_flush_denormal). [yes]")),
     (("--loader/--no-loader",), dict(help="Offline/actors: batches from a BatchLoader thread. [on CUDA only]")),
     (("--sampler-mode",), dict(type=click.Choice(["exact", "windowed"]),
                                help="Uniform over every row, or over a resident set of segments in RAM (stores "
                                     "larger than RAM). [exact]")),
-    (("--cache-bytes",), dict(type=_INT, help="windowed: bytes of the resident set. [the sampler's default]")),
-    (("--prefetch",), dict(type=_INT, help="Batches the loader prepares ahead. [2]")),
+    (("--cache-bytes",), dict(type=_POS, help="windowed: bytes of the resident set. [the sampler's default]")),
+    (("--prefetch",), dict(type=_NAT, help="Batches the loader prepares ahead. [2]")),
 ]
 
 

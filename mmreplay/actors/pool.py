@@ -32,6 +32,7 @@ import dataclasses
 import os
 import pickle
 import queue as queue_mod
+import shutil
 import signal
 import sys
 import threading
@@ -39,6 +40,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -262,6 +264,8 @@ def collect(
     env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
     base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
             "mmreplay_version": __version__, **extra}
+    created = not Path(store).exists()
+    failed = False
     st = open_or_create(store, obs_space, act_space, capacity=capacity, segment_records=segment_records,
                         metadata={**base, **action_scale_metadata(act_space), **(metadata or {})},
                         writers=max(workers, 1))
@@ -305,6 +309,9 @@ def collect(
             else:
                 _run_processes(cfgs, absorb, result, interrupts)
         result.signal = interrupts.signal
+    except BaseException:
+        failed = True
+        raise
     finally:
         result.seconds = time.perf_counter() - t0
         bar.close()
@@ -314,7 +321,10 @@ def collect(
                       finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with contextlib.suppress(Exception):
             st.record_provenance(record, name)
+        empty = created and result.steps == 0 and st.num_rows == 0
         st.close()
+        if empty and (result.errors or failed):  # a store this run made and could not put a row in: leave nothing
+            shutil.rmtree(st.path, ignore_errors=True)
     return result
 
 

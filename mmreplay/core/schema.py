@@ -225,7 +225,12 @@ class Schema:
         for name, dtype, shape, nshape, floating in self._specs:
             x = batch[name]
             if type(x) is not np.ndarray:
+                weak = _weak(x)
                 x = np.asarray(x)
+                if weak and x.dtype != dtype and dtype.kind in "fc" and x.dtype.kind in "biuf":
+                    # a plain Python number (what a gymnasium env returns as a reward) takes the field's
+                    # float dtype, as NumPy's weak scalars do (NEP 50); numpy values keep the strict rule
+                    x = x.astype(dtype)
             if x.dtype is not dtype and x.dtype != dtype:
                 x = _cast(self[name], x, cast)
             nd = x.ndim - nshape
@@ -250,6 +255,13 @@ class Schema:
             out[name] = x
         assert lead is not None
         return out, lead
+
+
+def _weak(x: Any) -> bool:
+    """A plain Python number, or a flat list or tuple of them (no numpy value among them)."""
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(type(v) in (bool, int, float) for v in x)
+    return type(x) in (bool, int, float)
 
 
 def _all_finite(x: np.ndarray) -> bool:

@@ -337,7 +337,8 @@ class Writer:
         if self._pid != os.getpid():
             raise StoreClosedError("writer used after fork(); open a writer in the child process")
         if self._closed:
-            raise StoreClosedError("writer is closed")
+            raise StoreClosedError("writer is closed: no row can be added to it",
+                                   hint="open a new writer session with store.writer(...)")
         if self._failed is not None:
             raise WriterFailedError(f"writer {self.writer_id} failed earlier: {self._failed!r}")
 

@@ -446,6 +446,36 @@ def count_actions(space: Any) -> int:
     return int(n)
 
 
+def check_eval_env(store: ReplayStore, eval_env: str | None, cfg: TrainConfig) -> None:
+    """A ``ValueError`` (one line) when the eval env's observations or actions do not fit the store's:
+    found before anything starts (else a shape error deep in the first evaluation)."""
+    if not eval_env:
+        return
+    from ..agent.envs import make_env
+    from ..core.schema import Schema
+
+    env = make_env(eval_env, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
+    try:
+        want = Schema.from_spaces(env.observation_space, env.action_space)
+    finally:
+        env.close()
+    have = store.schema
+    bad = []
+    for f in want.fields:
+        if f.name in ("reward", "terminated", "truncated"):
+            continue
+        if f.name not in have:
+            bad.append(f"{f.name} is not in the store (its fields: {', '.join(have.names)})")
+        elif tuple(have[f.name].shape) != tuple(f.shape) or have[f.name].dtype.kind != f.dtype.kind:
+            bad.append(f"{f.name}: the env gives {f.dtype}{tuple(f.shape)}, the store holds "
+                       f"{have[f.name].dtype}{tuple(have[f.name].shape)}")
+    extra = [n for n in have.obs_names if n not in want.obs_names]
+    if extra:
+        bad.append(f"the store's {', '.join(extra)} are not the env's observations")
+    if bad:
+        raise ValueError(f"--eval-env {eval_env} does not fit the store {store.path}: {'; '.join(bad)}")
+
+
 def offline_n_actions(store: ReplayStore, eval_env: str | None, cfg: TrainConfig) -> int:
     """From the eval env's action space, else the largest action in the store plus one."""
     if eval_env:

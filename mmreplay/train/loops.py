@@ -50,6 +50,7 @@ from ._run import (
     Batches,
     Run,
     TrainResult,
+    check_eval_env,
     count_actions,
     finish_training,
     next_multiple,
@@ -217,6 +218,12 @@ def train(cfg: TrainConfig) -> TrainResult:
         raise ValueError("--ray runs the actors on Ray: give --actors A (A >= 1)")
     from ..actors.pool import Interrupts
 
+    if cfg.resume:
+        done = _finished(cfg)
+        if done is not None:  # nothing left to do: no store opened, no segment made
+            log.info("%s already finished (%s of %s steps): give a larger --steps to continue it", done.run_dir,
+                     f"{done.updates if cfg.offline else done.env_steps:,}", f"{cfg.steps:,}")
+            return done
     # a SIGINT (Ctrl-C) or SIGTERM stops the loop at its next safe point (never inside an update): the
     # episodes it cuts are marked, a checkpoint and the policy are written, and the result says so
     with Interrupts(raises=False) as stop:
@@ -228,6 +235,23 @@ def train(cfg: TrainConfig) -> TrainResult:
             res = train_online(cfg, stop)
     res.interrupted = stop.signal
     return res
+
+
+def _finished(cfg: TrainConfig) -> TrainResult | None:
+    """The result of a run being resumed that already reached ``cfg.steps`` (None if it did not)."""
+    import json
+    from dataclasses import fields
+
+    path = _run_dir(cfg) / "result.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    done = data.get("updates" if cfg.offline else "env_steps", 0)
+    if done < cfg.steps or data.get("interrupted"):
+        return None
+    known = {f.name for f in fields(TrainResult)}
+    return TrainResult(**{k: v for k, v in data.items() if k in known})
 
 
 # -- online, synchronous ------------------------------------------------------------------------------
@@ -502,6 +526,7 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
             log.info("checking %d segment(s) not checked since they were written or copied", waiting)
             store.wait_checked()
         eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
+        check_eval_env(store, eval_env, cfg)  # one line, before anything starts
         learner: Any
         if is_continuous(store.schema):  # TD3+BC, IQL or BC for Box actions (continuous.py)
             from .continuous import make_learner
