@@ -84,7 +84,7 @@ def _require_minari() -> Any:
 def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
     """Global row ids of every complete episode with at least one action and no masked row (each
     in time order); how many episodes were left out (running, begun before the oldest row, a
-    lone final row, or holding a masked row); and how many of those held a masked row (a
+    lone final row of one begun before it, or holding a masked row); and how many of those held a masked row (a
     damaged row: its episode is left out whole, never cut into pieces that look complete)."""
     store.wait_checked()
     r = store.reader
@@ -122,8 +122,11 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
     order = np.argsort(ep, kind="stable")  # rows were concatenated in id order: stable keeps time order
     gid, ep = gid[order], ep[order]
     cuts = np.flatnonzero(np.diff(ep)) + 1
-    out = [e for e in np.split(gid, cuts) if len(e) > 1] if len(gid) else []  # T = 0: no action to keep
-    return out, len(all_eps) - len(out), len(damaged)
+    parts = np.split(gid, cuts) if len(gid) else []
+    out = [e for e in parts if len(e) > 1]
+    # T = 0 (a lane's first row, closed before a step: a worker stopped at once) is no episode: neither
+    # kept nor counted as left out (info() counts episodes by their steps' flags)
+    return out, len(all_eps) - len(parts), len(damaged)
 
 
 # -- spaces --------------------------------------------------------------------------------------

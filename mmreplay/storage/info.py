@@ -123,13 +123,20 @@ def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.n
     the env, cut by the end of a run (stored truncated: ``cuts`` holds their rows' global ids, as
     the runs recorded them), and incomplete: the next row of the lane is the final observation but
     the step is neither (a writer closed mid-episode without a mark), or, in a session's last
-    segment once its writer is gone (``finished``), a lane's last row is a step of a running episode
-    (its writer died, or closed, mid-episode)."""
+    segment once its writer is gone (``finished``), a lane's last row is a step: of a running
+    episode, or an ending one whose final observation was never stored (its writer died, or
+    closed, mid-episode). An episode counts as ended only with its final observation, as every
+    export keeps it."""
     snap = r.snapshot
     w, n = int(snap.windows[k]), int(snap.committed[k])
     here_last = r.is_last[w, :n] != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
     term = r.columns["terminated"][w, :n] & ~here_last
     trunc = r.columns["truncated"][w, :n] & ~here_last & ~term
+    open_tail = np.zeros(n, np.bool_)
+    if finished and n:
+        tail = np.arange(max(n - int(snap.lanes[k]), 0), n)  # each lane's last row
+        open_tail[tail] = ~here_last[tail]  # a step with no row after it: its episode is incomplete
+        term, trunc = term & ~open_tail, trunc & ~open_tail
     ends["terminated"] += int(term.sum())
     cut = trunc & np.isin(int(snap.segment_ids[k]) * r.R + np.arange(n), cuts) if len(cuts) else np.zeros(n, bool)
     ends["cut"] += int(cut.sum())
@@ -138,14 +145,7 @@ def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.n
     ok, k2, s2 = r.successors(np.full_like(slot, k), slot)
     next_last = np.zeros(n, np.bool_)
     next_last[ok] = r.is_last[snap.windows[k2[ok]], s2[ok]] == 1
-    ends["incomplete"] += int((next_last & ~here_last & ~term & ~trunc).sum())
-    if finished and n:
-        L = int(snap.lanes[k])
-        tail = np.arange(max(n - L, 0), n)  # each lane's last row
-        flags = r.is_last[w, tail]
-        running = (flags == 0) & ~np.asarray(r.columns["terminated"][w, tail], bool) \
-            & ~np.asarray(r.columns["truncated"][w, tail], bool)
-        ends["incomplete"] += int(running.sum())
+    ends["incomplete"] += int((next_last & ~here_last & ~term & ~trunc).sum()) + int(open_tail.sum())
 
 
 def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -170,8 +170,9 @@ class ReplayStore:
         self.mode = mode
         m, damaged = load_manifest(path)
         if damaged and MANIFEST in damaged:
-            log.warning("%s is damaged: its copy %s is used (a writable open or `mmreplay verify --repair` writes it "
-                        "back)", path / MANIFEST, MANIFEST_COPY)
+            log.warning("%s is %s: its copy %s is used (a writable open or `mmreplay verify --repair` writes it "
+                        "back)", path / MANIFEST, "damaged" if (path / MANIFEST).exists() else
+                        "missing (a store still being created, or a lost file)", MANIFEST_COPY)
         self.manifest_restored: list[str] = []
         """Manifest files a writable open wrote back from the other copy (``verify --repair`` says so)."""
         if damaged and mode == "a" and os.access(path, os.W_OK):

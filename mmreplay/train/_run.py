@@ -358,8 +358,13 @@ class Run:
                           updates=self.updates, wall_s=wall, cpu_s=cpu, evals=self.evals,
                           final_return=self.evals[-1][1] if self.evals else None, best_return=self.best,
                           damaged_rows=damaged, **rows)
-        (self.dir / "result.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
+        save_result(res)
         return res
+
+
+def save_result(res: TrainResult) -> None:
+    """``run_dir/result.json``: what the run did (``--resume`` reads it back)."""
+    (Path(res.run_dir) / "result.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
 
 
 def next_multiple(x: int, every: int) -> int | float:

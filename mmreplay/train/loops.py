@@ -54,6 +54,7 @@ from ._run import (
     count_actions,
     finish_training,
     next_multiple,
+    save_result,
     offline_n_actions,
     open_store_for_env,
     record_training,
@@ -234,6 +235,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         else:
             res = train_online(cfg, stop)
     res.interrupted = stop.signal
+    if res.interrupted:
+        save_result(res)  # an interrupted run's result says so (a resume tells it from a finished one)
     return res
 
 
