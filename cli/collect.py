@@ -99,7 +99,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
 
     allocated, files = disk_usage(store) if os.path.isdir(os.path.join(store, "segments")) else (0, 0)
     click.echo(f"{state}: stored {result.steps:,} env steps ({result.transitions:,} transitions, "
-               f"{result.episodes:,} episodes, mean return of last {min(len(rets), 100)}: {mean}) "
+               f"{result.episodes:,} episodes, {result.episodes_cut:,} cut by the end of the run, mean return of last {min(len(rets), 100)}: {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
                f"{result.bytes_written / 2**20:,.1f} MiB of rows; seed {result.seed}; store {store}: "
                f"{allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")

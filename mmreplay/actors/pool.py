@@ -61,6 +61,7 @@ class CollectResult:
     transitions: int
     """Of those, steps that are sampleable transitions (the autoreset steps of next-step mode are not)."""
     episodes: int
+    """Episodes that ended on their own (terminated, or truncated by the env)."""
     episode_returns: list[float]
     seconds: float
     bytes_written: int
@@ -74,6 +75,8 @@ class CollectResult:
     """The longest worker's stepping loop (no process start-up, env creation or store opening)."""
     loop_cpu_seconds: float = 0.0
     """CPU time of the workers' stepping loops, summed (every thread of each worker process)."""
+    episodes_cut: int = 0
+    """Running episodes the end of the run cut (stored truncated; ``info()`` counts them apart)."""
 
     @property
     def steps_per_s(self) -> float:
@@ -294,6 +297,7 @@ def collect(
         result.bytes_written += payload["bytes"]
         result.episode_returns.extend(payload["returns"])
         if payload["final"]:
+            result.episodes_cut += payload.get("cut", 0)
             result.loop_seconds = max(result.loop_seconds, payload["loop_s"])
             result.loop_cpu_seconds += payload.get("loop_cpu_s", 0.0)
         bar.update(payload["steps"], result)

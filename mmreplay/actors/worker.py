@@ -309,6 +309,8 @@ def run_worker(
         delta["bytes"] = delta["steps"] * row_bytes
         delta["returns"] = stats.returns
         delta["final"] = final
+        if final:  # the episodes the end of the run cut (stored truncated)
+            delta["cut"] = len(cut_rows) + (len(buf.cut_rows) if buf is not None else 0)
         delta["loop_s"] = time.perf_counter() - t_loop
         delta["loop_cpu_s"] = time.process_time() - c_loop  # all of this process's threads
         report("progress", delta)

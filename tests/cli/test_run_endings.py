@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -142,8 +143,10 @@ def test_episode_counts_agree_however_a_collect_ends(tmp_path, monkeypatch, how,
     (run,) = [rec for rec in info["provenance"] if rec.get("kind") != "worker"]  # its workers are folded in
     assert run.get("status") == status, run
     if code in (0, 130, 143):  # the summary counts the episodes that ended on their own
-        n = int(out.split(" transitions, ")[1].split(" episodes")[0].replace(",", ""))
-        assert n == truth["episodes_terminated"] + truth["episodes_truncated"], out
+        m = re.search(r" transitions, ([\d,]+) episodes, ([\d,]+) cut by the end of the run,", out)
+        assert m, out
+        n, c = (int(g.replace(",", "")) for g in m.groups())
+        assert (n, c) == (truth["episodes_terminated"] + truth["episodes_truncated"], truth["episodes_cut"]), out
 
     from mmreplay.interop.minari import export_minari
 
