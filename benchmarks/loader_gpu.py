@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import mmreplay
-from mmreplay.train._run import to_tensors
+from mmreplay.train import to_tensors
 from mmreplay.agent import network_spec
 from mmreplay.train import Learner
 from mmreplay.train.config import TrainConfig

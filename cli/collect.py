@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -46,11 +47,7 @@ from ._errors import describe, friendly, one_line, reported
               help="With --ray: where actors export sealed segments for the store to ingest; a path or fsspec URL "
                    "every node reaches. [STORE.archive; required with an ADDRESS]")
 @friendly
-def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_worker: int, policy: str, seed: int | None,
-                atari: bool | None, terminal_on_life_loss: bool, capacity: int, segment_records: int | None,
-                durability: str,
-                max_episode_steps: int | None, autoreset_mode: str, progress: bool | None, ray_address: str | None,
-                ray_archive: str | None) -> None:
+def collect_cmd(env_id: str, **options: Any) -> None:
     """Run ENV_ID with worker processes and store every step in a replay store.
 
     Collecting twice into one store, or from two terminals at once, adds data. Ctrl-C stops every
@@ -64,34 +61,56 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
       mmreplay collect Hopper-v5 --store /data/hopper-more --steps 100000 --policy gaussian:runs/td3bc/policy.pt:0.1
       mmreplay collect CartPole-v1 --store /data/cp --steps 200000 --workers 4 --ray
     """
-    from mmreplay.actors import PolicySpec, collect
+    env, writer, run, ship = collect_specs(env_id, options)
+    if ship is not None:
+        from mmreplay.cluster import run_ray_collect
 
-    try:
-        spec = PolicySpec.parse(policy)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--policy") from None
-    common = dict(policy=spec, seed=seed, atari=atari, capacity=capacity, durability=durability,
-                  max_episode_steps=max_episode_steps, autoreset_mode=autoreset_mode.replace("-", "_"),
-                  terminal_on_life_loss=terminal_on_life_loss, progress=progress)
-    if ray_address is not None:
-        from mmreplay.cluster import ray_collect
-
-        if segment_records is not None:
-            raise click.UsageError("--segment-records is set by --ray (actors ship small segments)")
-
-        address = None if ray_address == "local" else ray_address
-        if address is not None and ray_archive is None:
-            raise click.UsageError("--ray ADDRESS needs --ray-archive: a shared path or URL every node reaches")
-        result = ray_collect(env_id, ray_archive or f"{store.rstrip('/')}.archive", steps, actors=max(workers, 1),
-                             envs_per_actor=envs_per_worker, address=address, store=store, **common)  # type: ignore[arg-type]
+        result = run_ray_collect(env, writer, run, ship)
     else:
+        from mmreplay.actors import run_collect
+
         try:
-            result = collect(env_id, store, steps, workers=workers, envs_per_worker=envs_per_worker,
-                             segment_records=segment_records, **common)  # type: ignore[arg-type]
+            result = run_collect(env, writer, run)
         except ValueError as exc:  # checked before any worker starts or any store is made
             if describe(exc) is not None:
                 raise
             raise click.ClickException(one_line(str(exc), "see `mmreplay collect --help`")) from None
+    _summary(result, options["store"], options["steps"], run.envs_per_worker, ray=ship is not None)
+
+
+def collect_specs(env_id: str, o: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """The run's specs from ``mmreplay collect``'s options, the one place they are read: an EnvSpec,
+    a WriterSpec, a CollectSpec and, with ``--ray``, a ShipSpec (else ``None``). Usage errors name
+    the option."""
+    from mmreplay.actors import CollectSpec, EnvSpec, PolicySpec, WriterSpec
+
+    try:
+        policy = PolicySpec.parse(o["policy"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--policy") from None
+    env = EnvSpec(env_id, atari=o["atari"], max_episode_steps=o["max_episode_steps"],
+                  autoreset_mode=o["autoreset_mode"].replace("-", "_"),
+                  terminal_on_life_loss=o["terminal_on_life_loss"])
+    writer = WriterSpec(o["store"], capacity=o["capacity"], segment_records=o["segment_records"],
+                        durability=o["durability"])
+    ship = None
+    if o["ray_address"] is not None:
+        from mmreplay.cluster import ShipSpec
+
+        if o["segment_records"] is not None:
+            raise click.UsageError("--segment-records is set by --ray (actors ship small segments)")
+        address = None if o["ray_address"] == "local" else o["ray_address"]
+        if address is not None and o["ray_archive"] is None:
+            raise click.UsageError("--ray ADDRESS needs --ray-archive: a shared path or URL every node reaches")
+        ship = ShipSpec(o["ray_archive"] or f"{o['store'].rstrip('/')}.archive", address=address)
+    workers = max(o["workers"], 1) if ship is not None else o["workers"]
+    run = CollectSpec(o["steps"], workers=workers, envs_per_worker=o["envs_per_worker"], policy=policy,
+                      seed=o["seed"], progress=o["progress"])
+    return env, writer, run, ship
+
+
+def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: bool) -> None:
+    """Print what the run stored, its warnings and errors; exit 130 / 143 if interrupted, 1 on errors."""
     rets = result.episode_returns
     mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
@@ -107,7 +126,7 @@ def collect_cmd(env_id: str, store: str, steps: int, workers: int, envs_per_work
         click.echo(f"note: --steps {steps:,} is rounded up to whole vector steps ({envs_per_worker} env(s) per worker "
                    f"step together): {result.steps:,} env steps stored")
     _disk_pressure(store)
-    if ray_address is not None:
+    if ray:
         restarts = sum(result.restarts.values())
         click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"
                    + (f"; {restarts} actor restart(s)" if restarts else ""))

@@ -179,33 +179,10 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
       mmreplay train MinAtar/Breakout-v1 --store /data/breakout --steps 500000
       mmreplay plot runs/cp
     """
-    from dataclasses import replace
-
-    from mmreplay.train import TrainConfig, atari_config, continuous_config, default_run_dir, minatar_config, resume_config
-    from mmreplay.train.config import box_actions
-
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    given = {k: v for k, v in opts.items() if v is not None}
-    if given.get("store") is not None and given.get("archive") is not None:
-        raise click.UsageError("--store and --archive are exclusive: train from one of them")
-    if env_id is not None:
-        given["env_id"] = env_id
-    resume = given.pop("resume", False)
     try:
-        if resume:
-            run_dir = given.pop("run_dir", None) or str(default_run_dir(replace(TrainConfig(), **given)))
-            cfg = resume_config(run_dir, **given)
-        else:
-            if given.get("minatar") is None and str(given.get("env_id", "")).startswith("MinAtar/"):
-                given["minatar"] = True
-            algo = given.get("algo")
-            if algo in ("td3bc", "iql") or (algo == "bc" and given.get("offline")
-                                            and box_actions(given.get("store"), given.get("archive"))):
-                cfg = continuous_config(**given)  # Box actions: CORL's settings
-            else:
-                cfg = (atari_config(**given) if given.get("atari") else minatar_config(**given)
-                       if given.get("minatar") else TrainConfig(**given))
+        cfg = train_config(env_id, opts)
         from mmreplay.agent.envs import check_env_id
 
         for env in {cfg.env_id, cfg.eval_env} - {None}:
@@ -217,6 +194,38 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
         if describe(exc) is not None:
             raise  # an mmreplay or file-system error: `friendly` gives it its CLI hint
         raise click.ClickException(one_line(str(exc), None)) from None
+    _summary(cfg, result)
+
+
+def train_config(env_id: str | None, opts: dict[str, Any]) -> Any:
+    """The run's :class:`mmreplay.train.TrainConfig` from ``mmreplay train``'s options, the one place
+    they are read: the saved config with the given options on ``--resume``, else the preset the
+    options pick (CORL's for Box actions, Nature-DQN's with ``--atari``, MinAtar's) with them."""
+    from dataclasses import replace
+
+    from mmreplay.train import TrainConfig, atari_config, continuous_config, default_run_dir, minatar_config, resume_config
+    from mmreplay.train.config import box_actions
+
+    given = {k: v for k, v in opts.items() if v is not None}
+    if given.get("store") is not None and given.get("archive") is not None:
+        raise click.UsageError("--store and --archive are exclusive: train from one of them")
+    if env_id is not None:
+        given["env_id"] = env_id
+    if given.pop("resume", False):
+        run_dir = given.pop("run_dir", None) or str(default_run_dir(replace(TrainConfig(), **given)))
+        return resume_config(run_dir, **given)
+    if given.get("minatar") is None and str(given.get("env_id", "")).startswith("MinAtar/"):
+        given["minatar"] = True
+    algo = given.get("algo")
+    if algo in ("td3bc", "iql") or (algo == "bc" and given.get("offline")
+                                    and box_actions(given.get("store"), given.get("archive"))):
+        return continuous_config(**given)  # Box actions: CORL's settings
+    return (atari_config(**given) if given.get("atari") else minatar_config(**given)
+            if given.get("minatar") else TrainConfig(**given))
+
+
+def _summary(cfg: Any, result: Any) -> None:
+    """Print the run's summary; exit 130 / 143 if a signal interrupted it."""
     click.echo(f"run          {result.run_dir}")
     if not cfg.offline:
         click.echo(f"env steps    {result.env_steps:,}  ({result.steps_per_s:,.0f}/s)")

@@ -1,6 +1,7 @@
 """Actors: processes that step gymnasium vector envs and append every step to a store.
 
-:func:`collect` is the library form of ``mmreplay collect``; :class:`ActorPool` runs the same
+:func:`run_collect` is the library form of ``mmreplay collect`` (it takes the run's specs, see
+:mod:`mmreplay.actors.specs`; :func:`collect` is its keyword form); :class:`ActorPool` runs the same
 actors for an online trainer, without a step budget, under a samples-per-insert limit.
 
 Invariants:
@@ -45,11 +46,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..agent.envs import AutoresetName
-from .worker import Policy, PolicySpec, WorkerConfig, check_policy, run_worker
+from ..agent.envs import AutoresetName, EnvSpec
+from .progress import CollectProgress
+from .specs import CollectSpec, PolicyFn, PolicySpec, WriterSpec
+from .worker import WorkerConfig, check_policy, run_worker
 
-__all__ = ["ActorPool", "CollectResult", "Policy", "PolicySpec", "WorkerConfig", "collect", "open_or_create",
-           "run_worker"]
+__all__ = ["ActorPool", "CollectResult", "CollectSpec", "EnvSpec", "Interrupts", "PolicyFn", "PolicySpec",
+           "WorkerConfig", "WriterSpec", "action_scale_metadata", "collect", "env_metadata", "open_store_for_spaces",
+           "run_collect", "run_worker"]
 
 
 @dataclasses.dataclass
@@ -144,40 +148,22 @@ def _spawn(cfgs: list[WorkerConfig], *, limited: bool) -> tuple[Any, Any, Any, A
     return q, stop, counts, allowed, procs
 
 
-def _split(total: int, parts: int) -> list[int]:
-    return [total // parts + (i < total % parts) for i in range(parts)]
-
-
-def _env_spaces(env: str | Callable[[], Any], atari: bool | None, max_episode_steps: int | None,
-                terminal_on_life_loss: bool, sticky_actions: float | None) -> tuple[Any, Any, dict[str, Any]]:
-    from ..agent.envs import make_env
-
-    e = (make_env(env, atari=atari, max_episode_steps=max_episode_steps, terminal_on_life_loss=terminal_on_life_loss,
-                  sticky_actions=sticky_actions) if isinstance(env, str) else env())
-    try:
-        spec = e.spec.to_json() if e.spec is not None else None
-    except Exception:  # an env spec with unpicklable kwargs cannot be written as JSON
-        spec = None
-    try:
-        return e.observation_space, e.action_space, {"env_spec": spec}
-    finally:
-        e.close()
-
-
-def open_or_create(path: str | os.PathLike[str], observation_space: Any, action_space: Any, *,
-                   capacity: int = 1_000_000, metadata: dict[str, Any] | None = None,
-                   segment_records: int | None = None, writers: int = 1) -> Any:
-    """Open the store at ``path`` for appending, or create it from the spaces if it does not exist
-    (``writers``: how many will append at once, which sizes a new store's default segments).
+def open_store_for_spaces(writer: WriterSpec, observation_space: Any, action_space: Any, *,
+                          metadata: dict[str, Any] | None = None, writers: int = 1) -> Any:
+    """Open ``writer.store`` for appending, or create it from the spaces (with ``writer``'s sizing) if
+    it does not exist (``writers``: how many will append at once, which sizes a new store's default
+    segments).
 
     :func:`mmreplay.storage.open_or_create` with the schema the spaces give (its one
     compatibility rule: the same schema, and ``segment_records`` when given).
     """
     from ..core.schema import Schema
-    from ..storage import open_or_create as _open
+    from ..storage import open_or_create
 
-    return _open(path, Schema.from_spaces(observation_space, action_space), capacity,
-                 segment_records=segment_records, metadata=metadata, what="this env", writers=writers)
+    if writer.store is None:
+        raise ValueError("`store` is needed: the path of the store to open or create")
+    return open_or_create(writer.store, Schema.from_spaces(observation_space, action_space), writer.capacity,
+                          segment_records=writer.segment_records, metadata=metadata, what="this env", writers=writers)
 
 
 def action_scale_metadata(action_space: Any) -> dict[str, Any]:
@@ -195,6 +181,15 @@ def action_scale_metadata(action_space: Any) -> dict[str, Any]:
     return out
 
 
+def env_metadata(env: EnvSpec, observation_space: Any, action_space: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """What a collect run records about its env in a new store and in its provenance: the env's
+    name, its spaces, the mmreplay version and ``extra`` (the env's gymnasium spec)."""
+    from ..core.version import __version__
+
+    return {"env_id": env.name, "observation_space": repr(observation_space), "action_space": repr(action_space),
+            "mmreplay_version": __version__, **extra}
+
+
 def collect(
     env: str | Callable[[], Any],
     store: str | os.PathLike[str],
@@ -202,7 +197,7 @@ def collect(
     *,
     workers: int = 1,
     envs_per_worker: int = 1,
-    policy: str | PolicySpec | Policy = "random",
+    policy: str | PolicySpec | PolicyFn = "random",
     seed: int | None = None,
     atari: bool | None = None,
     capacity: int = 1_000_000,
@@ -215,7 +210,8 @@ def collect(
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> CollectResult:
-    """Fill ``store`` (created from the env's spaces if missing) with ``steps`` env steps.
+    """Fill ``store`` (created from the env's spaces if missing) with ``steps`` env steps: the keyword
+    form of :func:`run_collect` (the keywords are the fields of its specs).
 
     Parameters
     ----------
@@ -245,50 +241,68 @@ def collect(
     Returns a :class:`CollectResult`. On ``KeyboardInterrupt`` workers stop, keep what they
     wrote, and the result has ``interrupted=True``. A crashed worker is listed in ``errors``.
     """
-    if steps < 1:
-        raise ValueError(f"`steps` must be >= 1, got {steps}")
-    if workers < 0 or envs_per_worker < 1:
-        raise ValueError(f"need workers >= 0 and envs_per_worker >= 1, got {workers} and {envs_per_worker}")
-    if isinstance(policy, str):
-        policy = PolicySpec.parse(policy)
-    if workers > 0 and not isinstance(policy, PolicySpec):
+    return run_collect(
+        EnvSpec(env, atari=atari, max_episode_steps=max_episode_steps, autoreset_mode=autoreset_mode,
+                terminal_on_life_loss=terminal_on_life_loss, sticky_actions=sticky_actions),
+        WriterSpec(os.fspath(store), capacity=capacity, segment_records=segment_records, durability=durability,
+                   metadata=metadata),
+        CollectSpec(steps, workers=workers, envs_per_worker=envs_per_worker, policy=policy, seed=seed,
+                    progress=progress))
+
+
+def run_collect(env: EnvSpec, writer: WriterSpec, run: CollectSpec) -> CollectResult:
+    """Fill ``writer.store`` (created from the env's spaces if missing) with ``run.steps`` env steps of
+    ``env``: the library form of ``mmreplay collect`` (see :func:`collect` for what each field does)."""
+    run = run.seeded()
+    if run.workers > 0 and not isinstance(run.policy, PolicySpec):
         try:
-            pickle.dumps(policy)
+            pickle.dumps(run.policy)
         except Exception as exc:
             raise ValueError(f"a policy callable must be picklable to run in worker processes (or use workers=0): {exc}"
                              ) from None
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % (2**31))
-    from ..core.version import __version__
-
-    obs_space, act_space, extra = _env_spaces(env, atari, max_episode_steps, terminal_on_life_loss, sticky_actions)
-    if isinstance(policy, PolicySpec):
-        check_policy(policy, obs_space, act_space)  # here, not ~2 s later in a worker, and before a store is made
-    env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
-    base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
-            "mmreplay_version": __version__, **extra}
-    created = not Path(store).exists()
-    failed = False
-    st = open_or_create(store, obs_space, act_space, capacity=capacity, segment_records=segment_records,
-                        metadata={**base, **action_scale_metadata(act_space), **(metadata or {})},
-                        writers=max(workers, 1))
-    n_workers = max(workers, 1)
-    shares = _split(steps, n_workers)
-    cfgs = [WorkerConfig(w, env, str(st.path), -(-shares[w] // envs_per_worker) * envs_per_worker, envs_per_worker,
-                         seed, policy, atari, max_episode_steps, autoreset_mode, durability, terminal_on_life_loss,
-                         sticky_actions) for w in range(n_workers) if shares[w] > 0]
-    record = {**base, "kind": "collect", "status": "running", "workers": workers, "envs_per_worker": envs_per_worker,
-              "policy": str(policy) if isinstance(policy, PolicySpec) else "callable", "seed": seed,
-              "env_seeds": [[seed + c.worker * envs_per_worker + j for j in range(envs_per_worker)] for c in cfgs],
-              "steps_requested": steps, "autoreset_mode": autoreset_mode, "max_episode_steps": max_episode_steps,
-              "atari": atari, "durability": durability, "host": os.uname().nodename, "pid": os.getpid(),
-              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    obs_space, act_space, extra = env.spaces()
+    if isinstance(run.policy, PolicySpec):
+        check_policy(run.policy, obs_space, act_space)  # here, not ~2 s later in a worker, and before a store is made
+    base = env_metadata(env, obs_space, act_space, extra)
+    created = writer.store is not None and not Path(writer.store).exists()
+    st = open_store_for_spaces(writer, obs_space, act_space, writers=max(run.workers, 1),
+                               metadata={**base, **action_scale_metadata(act_space), **(writer.metadata or {})})
+    shares = run.shares()
+    cfgs = [WorkerConfig(w, env, str(st.path), run.rounded(shares[w]), run.envs_per_worker, run.seed,  # type: ignore[arg-type]
+                         run.policy, writer.durability) for w in range(len(shares)) if shares[w] > 0]
+    record = _collect_record(base, env, writer, run, cfgs)
     name = st.record_provenance(record)
     cfgs = [dataclasses.replace(c, run=name) for c in cfgs]  # each worker keeps its own record beside it
-    total = sum(c.steps or 0 for c in cfgs)
-    bar = _Progress(total, progress)
-    result = CollectResult(0, 0, 0, [], 0.0, 0, seed, provenance=name)
+    result = CollectResult(0, 0, 0, [], 0.0, 0, run.seed, provenance=name)  # type: ignore[arg-type]
+    failed = False
     t0 = time.perf_counter()
+    try:
+        _run_workers(cfgs, run, result)
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        result.seconds = time.perf_counter() - t0
+        _close_collect(st, record, name, result, remove=created and (failed or bool(result.errors)))
+    return result
+
+
+def _collect_record(base: dict[str, Any], env: EnvSpec, writer: WriterSpec, run: CollectSpec,
+                    cfgs: list[WorkerConfig]) -> dict[str, Any]:
+    """The provenance record a collect run starts with (``status: running``)."""
+    E = run.envs_per_worker
+    return {**base, "kind": "collect", "status": "running", "workers": run.workers, "envs_per_worker": E,
+            "policy": str(run.policy) if isinstance(run.policy, PolicySpec) else "callable", "seed": run.seed,
+            "env_seeds": [[run.seed + c.worker * E + j for j in range(E)] for c in cfgs],  # type: ignore[operator]
+            "steps_requested": run.steps, "autoreset_mode": env.autoreset_mode,
+            "max_episode_steps": env.max_episode_steps, "atari": env.atari, "durability": writer.durability,
+            "host": os.uname().nodename, "pid": os.getpid(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _run_workers(cfgs: list[WorkerConfig], run: CollectSpec, result: CollectResult) -> None:
+    """Run the workers (in this process when ``run.workers == 0``), adding their reports to ``result``."""
+    bar = CollectProgress(sum(c.steps or 0 for c in cfgs), run.progress)
 
     def absorb(payload: dict[str, Any]) -> None:
         result.steps += payload["steps"]
@@ -304,7 +318,7 @@ def collect(
 
     try:
         with Interrupts() as interrupts:
-            if workers == 0:
+            if run.workers == 0:
                 stop = threading.Event()
                 try:
                     run_worker(cfgs[0], lambda kind, p: absorb(p), stop.is_set)
@@ -313,23 +327,23 @@ def collect(
             else:
                 _run_processes(cfgs, absorb, result, interrupts)
         result.signal = interrupts.signal
-    except BaseException:
-        failed = True
-        raise
     finally:
-        result.seconds = time.perf_counter() - t0
         bar.close()
-        record.update(status="interrupted" if result.interrupted else ("failed" if result.errors else "done"),
-                      steps_stored=result.steps, episodes=result.episodes, seconds=round(result.seconds, 3),
-                      errors={str(k): v.splitlines()[-1] if v else "" for k, v in result.errors.items()},
-                      finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        with contextlib.suppress(Exception):
-            st.record_provenance(record, name)
-        empty = created and result.steps == 0 and st.num_rows == 0
-        st.close()
-        if empty and (result.errors or failed):  # a store this run made and could not put a row in: leave nothing
-            shutil.rmtree(st.path, ignore_errors=True)
-    return result
+
+
+def _close_collect(st: Any, record: dict[str, Any], name: str, result: CollectResult, *, remove: bool) -> None:
+    """Finish the run's provenance record and close the store; a store this run made and could not
+    put a row in (``remove``: it failed) is removed: it leaves nothing behind."""
+    record.update(status="interrupted" if result.interrupted else ("failed" if result.errors else "done"),
+                  steps_stored=result.steps, episodes=result.episodes, seconds=round(result.seconds, 3),
+                  errors={str(k): v.splitlines()[-1] if v else "" for k, v in result.errors.items()},
+                  finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    with contextlib.suppress(Exception):
+        st.record_provenance(record, name)
+    empty = result.steps == 0 and st.num_rows == 0
+    st.close()
+    if remove and empty:
+        shutil.rmtree(st.path, ignore_errors=True)
 
 
 def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], None], result: CollectResult,
@@ -434,34 +448,6 @@ class Interrupts:
         self._old.clear()
 
 
-class _Progress:
-    """A tqdm bar on a terminal (steps, steps/s, episodes, mean return, bytes); silent otherwise."""
-
-    def __init__(self, total: int, enabled: bool | None) -> None:
-        if enabled is None:
-            enabled = sys.stderr.isatty()
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:  # pragma: no cover - tqdm is a dependency
-                return
-            self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
-
-    def update(self, n: int, result: CollectResult) -> None:
-        if self.bar is None:
-            return
-        recent = result.episode_returns[-100:]
-        self.bar.set_postfix_str(
-            f"episodes={result.episodes} return={np.mean(recent):.1f} written={result.bytes_written / 2**20:.0f}MiB"
-            if recent else f"episodes={result.episodes} written={result.bytes_written / 2**20:.0f}MiB", refresh=False)
-        self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 # -- actors for a trainer -----------------------------------------------------------------
 class ActorPool:
     """Actor processes that fill a store for an online trainer, under a samples-per-insert limit.
@@ -474,16 +460,18 @@ class ActorPool:
     >>> pool.start(); pool.allow(10_000)  # doctest: +SKIP
     """
 
-    def __init__(self, env_id: str, store_path: str | os.PathLike[str], *, actors: int, envs_per_actor: int = 1,
-                 policy_path: str | os.PathLike[str], seed: int = 0, atari: bool | None = None,
-                 max_episode_steps: int | None = None, durability: Literal["process", "segment", "batch"] = "segment",
-                 terminal_on_life_loss: bool = False, run: str | None = None) -> None:
+    def __init__(self, env: EnvSpec | str, store_path: str | os.PathLike[str], *, actors: int, envs_per_actor: int = 1,
+                 policy_path: str | os.PathLike[str], seed: int = 0,
+                 durability: Literal["process", "segment", "batch"] = "segment", run: str | None = None) -> None:
         if actors < 1:
             raise ValueError(f"`actors` must be >= 1, got {actors}")
+        env = env if isinstance(env, EnvSpec) else EnvSpec(env)
+        if not env.next_step:
+            raise ValueError(f"a trainer's actors use next-step autoreset, got {env.autoreset_mode!r}")
         spec = PolicySpec("eps-greedy", str(policy_path), None, reload_s=0.2)
         # rows are published every 16 vector steps: the learner samples data a few ms old
-        self.cfgs = [WorkerConfig(w, env_id, str(store_path), None, envs_per_actor, seed, spec, atari, max_episode_steps,
-                                  "next_step", durability, terminal_on_life_loss, gather_steps=16, run=run)
+        self.cfgs = [WorkerConfig(w, env, str(store_path), None, envs_per_actor, seed, spec, durability,
+                                  gather_steps=16, run=run)
                      for w in range(actors)]  # ``run``: the trainer's provenance record (the actors keep theirs beside it)
         self._procs: list[Any] = []
         self._returns: deque[float] = deque(maxlen=1000)

@@ -23,69 +23,14 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from ..agent.envs import AutoresetName, flatten_obs
-
-Policy = Callable[[Any], Any]
-"""A policy callable: a batch of observations as the vector env returns them -> a batch of actions."""
+from ..agent.envs import EnvSpec, flatten_obs
+from .specs import PolicyFn, PolicySpec
 
 # -- policies -------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class PolicySpec:
-    """What the actors act with: ``random``, ε-greedy around a Q-network policy file from ``mmreplay
-    train``, or (``gaussian``) the continuous actor a Box-action offline run saves, with Gaussian
-    exploration noise.
-
-    ``epsilon=None`` takes the ε recorded in the policy file (``meta["epsilon"]``; the online
-    trainer's current ε), else 0.05. ``noise``: the standard deviation of the Gaussian noise added
-    to the actor's unit actions (a fraction of each dimension's half-range, as TD3's
-    ``expl_noise``; 0: deterministic). The file is re-read whenever it changes on disk
-    (``reload_s`` is how often to look), so actors follow a learner that republishes its weights.
-    """
-
-    kind: Literal["random", "eps-greedy", "gaussian"] = "random"
-    path: str | None = None
-    epsilon: float | None = None
-    reload_s: float = 1.0
-    noise: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> PolicySpec:
-        """Parse ``random``, ``eps-greedy:CHECKPOINT[:EPS]``, ``greedy:CHECKPOINT`` or
-        ``gaussian:CHECKPOINT[:STD]`` (a continuous actor, noise of standard deviation STD, default 0)."""
-        if text == "random":
-            return cls()
-        kind, sep, rest = text.partition(":")
-        if kind not in ("eps-greedy", "epsilon-greedy", "greedy", "gaussian") or not sep or not rest:
-            raise ValueError(f"policy must be 'random', 'eps-greedy:CHECKPOINT[:EPS]' or 'gaussian:CHECKPOINT[:STD]' "
-                             f"(a continuous actor), got {text!r}")
-        value: float | None = 0.0 if kind in ("greedy", "gaussian") else None
-        head, _, tail = rest.rpartition(":")
-        if head:
-            try:
-                value = float(tail)
-                rest = head
-            except ValueError:
-                pass  # a ':' inside the path
-        if kind == "gaussian":
-            if value is None or not value >= 0.0:
-                raise ValueError(f"gaussian policy noise must be >= 0, got {value}")
-            return cls("gaussian", rest, None, noise=float(value))
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise ValueError(f"policy epsilon must be in [0, 1], got {value}")
-        return cls("eps-greedy", rest, value)
-
-    def __str__(self) -> str:
-        if self.kind == "random":
-            return "random"
-        if self.kind == "gaussian":
-            return f"gaussian:{self.path}:{self.noise:g}"
-        return f"eps-greedy:{self.path}" + ("" if self.epsilon is None else f":{self.epsilon:g}")
-
-
 def check_policy(spec: PolicySpec, observation_space: Any, action_space: Any) -> None:
     """Load ``spec``'s policy file and check it against the env's spaces, before any worker starts
     or any store is made: a missing file, or a policy trained on another env (other observation
@@ -186,18 +131,13 @@ class WorkerConfig:
     """Everything a worker process needs (picklable)."""
 
     worker: int
-    env: str | Callable[[], Any]
+    env: EnvSpec
     store: str
     steps: int | None  # env steps (rows) to store; None: until stopped
     envs: int
     seed: int
-    policy: PolicySpec | Policy
-    atari: bool | None
-    max_episode_steps: int | None
-    autoreset_mode: AutoresetName
-    durability: str
-    terminal_on_life_loss: bool = False
-    sticky_actions: float | None = None
+    policy: PolicySpec | PolicyFn
+    durability: str = "segment"
     report_s: float = 0.25
     gather_steps: int = 256
     """Most vector steps gathered before one ``add_batch`` (and at most 256 KiB): rows reach
@@ -210,19 +150,9 @@ class WorkerConfig:
     it and nobody counts it as an episode that ended on its own. Same-step and disabled
     autoreset mark it at the step budget only (they write each step as it comes)."""
 
-
-def _make_vec(cfg: WorkerConfig, copy: bool = True) -> Any:
-    from ..agent.envs import make_vec_env
-
-    if isinstance(cfg.env, str):
-        return make_vec_env(cfg.env, cfg.envs, atari=cfg.atari, max_episode_steps=cfg.max_episode_steps,
-                            autoreset_mode=cfg.autoreset_mode, terminal_on_life_loss=cfg.terminal_on_life_loss,
-                            sticky_actions=cfg.sticky_actions, copy=copy)
-    import gymnasium as gym
-
-    from ..agent.envs import _autoreset
-
-    return gym.vector.SyncVectorEnv([cfg.env] * cfg.envs, autoreset_mode=_autoreset(cfg.autoreset_mode), copy=copy)
+    def __post_init__(self) -> None:
+        if not isinstance(self.env, EnvSpec):
+            raise TypeError(f"`env` must be an EnvSpec, got {type(self.env).__name__}")
 
 
 def _row(obs: Any, action: Any, reward: Any, term: Any, trunc: Any) -> dict[str, Any]:
@@ -252,106 +182,136 @@ def run_worker(
     is False the actor publishes what it gathered and waits (the trainer's samples-per-insert limit).
     ``should_stop()`` is asked once per gathered block (at most ``gather_steps`` vector steps apart).
     """
-    from ..storage import open_store
+    _Worker(cfg, report, should_stop, may_step).run()
 
-    store = open_store(cfg.store, mode="a")
-    next_step = cfg.autoreset_mode.replace("-", "_") == "next_step"
-    disabled = cfg.autoreset_mode.replace("-", "_") == "disabled"
-    ours = isinstance(cfg.policy, PolicySpec)
-    # next-step with our own policies: the env's observation buffer is copied once, into the step
-    # buffer, before the step overwrites it (no deepcopy per step); a user's policy may keep references
-    envs = _make_vec(cfg, copy=not (next_step and ours))
-    E = cfg.envs
-    cut = cfg.cut_episodes
-    if ours and cfg.policy.kind in ("eps-greedy", "gaussian"):
-        act: Any = _EpsGreedy(cfg.policy, cfg.seed + 7919 * (cfg.worker + 1))
-    elif ours:
-        envs.action_space.seed(cfg.seed + cfg.worker)
-        act = lambda obs, new: envs.action_space.sample()  # noqa: E731
-    else:
+
+class _Worker:
+    """One run of :func:`run_worker`: the store, the vector env, the writers and the counts it keeps
+    between the stepping loop (next-step autoreset, or one writer per copy) and the closing."""
+
+    def __init__(self, cfg: WorkerConfig, report: Callable[[str, Any], None], should_stop: Callable[[], bool],
+                 may_step: Callable[[int], bool] | None) -> None:
+        from ..storage import open_store
+
+        self.cfg, self.report, self.should_stop, self.may_step = cfg, report, should_stop, may_step
+        self.store = open_store(cfg.store, mode="a")
+        self.next_step = cfg.env.next_step
+        self.disabled = cfg.env.autoreset_mode.replace("-", "_") == "disabled"
+        self.ours = isinstance(cfg.policy, PolicySpec)
+        # next-step with our own policies: the env's observation buffer is copied once, into the step
+        # buffer, before the step overwrites it (no deepcopy per step); a user's policy may keep references
+        self.envs = cfg.env.make_vec(cfg.envs, copy=not (self.next_step and self.ours))
+        self.act = self._policy()
+        E = cfg.envs
+        # next-step: one writer, E lanes; same-step/disabled: lanes drift apart, one writer per copy
+        self.writers = [self.store.writer(lanes=E, durability=cfg.durability, cast="safe")] if self.next_step else [
+            self.store.writer(lanes=1, durability=cfg.durability, cast="safe") for _ in range(E)]
+        self.row_bytes = self.store.layout.record_bytes
+        self.stats = _Stats(E)
+        self.sent = {"steps": 0, "transitions": 0, "episodes": 0}
+        self.last_report = time.monotonic()
+        self.stopped = False  # a stop was asked (the run is interrupted, not finished)
+        self.cut_rows: list[int] = []  # global row ids of the steps the end of the run cut (same-step / disabled)
+        self.buf: _StepBuffer | None = None
+        self.last_record = 0.0
+        self.obs: Any = None
+        self.t_loop, self.c_loop = time.perf_counter(), time.process_time()
+
+    def _policy(self) -> Callable[[Any, np.ndarray], Any]:
+        cfg, envs = self.cfg, self.envs
+        if self.ours and cfg.policy.kind in ("eps-greedy", "gaussian"):  # type: ignore[union-attr]
+            return _EpsGreedy(cfg.policy, cfg.seed + 7919 * (cfg.worker + 1))  # type: ignore[arg-type]
+        if self.ours:
+            envs.action_space.seed(cfg.seed + cfg.worker)
+            return lambda obs, new: envs.action_space.sample()
         user = cfg.policy
-        act = lambda obs, new: user(obs)  # noqa: E731
-    # next-step: one writer, E lanes; same-step/disabled: lanes drift apart, one writer per copy
-    writers = [store.writer(lanes=E, durability=cfg.durability, cast="safe")] if next_step else [
-        store.writer(lanes=1, durability=cfg.durability, cast="safe") for _ in range(E)]
-    row_bytes = store.layout.record_bytes
-    stats = _Stats(E)
-    sent = {"steps": 0, "transitions": 0, "episodes": 0}
-    last_report = time.monotonic()
-    stopped = [False]  # a stop was asked (the run is interrupted, not finished)
-    cut_rows: list[int] = []  # global row ids of the steps the end of the run cut (same-step / disabled)
-    buf: _StepBuffer | None = None
-    last_record = [0.0]
+        return lambda obs, new: user(obs)  # type: ignore[operator]
 
-    def stop_asked() -> bool:
-        stopped[0] = stopped[0] or bool(should_stop())
-        return stopped[0]
+    def stop_asked(self) -> bool:
+        self.stopped = self.stopped or bool(self.should_stop())
+        return self.stopped
 
-    def record_run(status: str) -> None:
+    def record_run(self, status: str) -> None:
         """This worker's own provenance record (``<run>.wNNN``): how far it got, how it ended, and the
         steps it stored as truncated because the run ended there; rewritten as it goes, so a run whose
         processes were killed still says what they stored."""
+        cfg = self.cfg
         if cfg.run is None:
             return
         rec = {"kind": "worker", "run": cfg.run, "worker": cfg.worker, "status": status, "pid": os.getpid(),
-               "host": socket.gethostname(), "steps": stats.steps, "episodes": stats.episodes,
-               "cut_rows": cut_rows + (buf.cut_rows if buf is not None else []),
-               "writer_ids": [w.writer_id for w in writers], "updated_at": time.time()}
+               "host": socket.gethostname(), "steps": self.stats.steps, "episodes": self.stats.episodes,
+               "cut_rows": self.cut_rows + (self.buf.cut_rows if self.buf is not None else []),
+               "writer_ids": [w.writer_id for w in self.writers], "updated_at": time.time()}
         with contextlib.suppress(Exception):  # provenance is a record, never a reason to fail a run
-            store.record_provenance(rec, f"{cfg.run}.w{cfg.worker:03d}")
-        last_record[0] = time.monotonic()
+            self.store.record_provenance(rec, f"{cfg.run}.w{cfg.worker:03d}")
+        self.last_record = time.monotonic()
 
-    record_run("running")
-
-    def flush_report(final: bool = False) -> None:
-        nonlocal last_report
-        delta = {k: getattr(stats, k) - sent[k] for k in sent}
-        delta["bytes"] = delta["steps"] * row_bytes
+    def flush_report(self, final: bool = False) -> None:
+        stats, sent = self.stats, self.sent
+        delta: dict[str, Any] = {k: getattr(stats, k) - sent[k] for k in sent}
+        delta["bytes"] = delta["steps"] * self.row_bytes
         delta["returns"] = stats.returns
         delta["final"] = final
         if final:  # the episodes the end of the run cut (stored truncated)
-            delta["cut"] = len(cut_rows) + (len(buf.cut_rows) if buf is not None else 0)
-        delta["loop_s"] = time.perf_counter() - t_loop
-        delta["loop_cpu_s"] = time.process_time() - c_loop  # all of this process's threads
-        report("progress", delta)
+            delta["cut"] = len(self.cut_rows) + (len(self.buf.cut_rows) if self.buf is not None else 0)
+        delta["loop_s"] = time.perf_counter() - self.t_loop
+        delta["loop_cpu_s"] = time.process_time() - self.c_loop  # all of this process's threads
+        self.report("progress", delta)
         sent.update({k: getattr(stats, k) for k in sent})
         stats.returns = []
-        last_report = time.monotonic()
-        if not final and last_report - last_record[0] >= RECORD_S:
-            record_run("running")
+        self.last_report = time.monotonic()
+        if not final and self.last_report - self.last_record >= RECORD_S:
+            self.record_run("running")
 
-    obs = None
-    how = "done"
-    t_loop, c_loop = time.perf_counter(), time.process_time()
-    try:
-        obs, _ = envs.reset(seed=[cfg.seed + cfg.worker * E + j for j in range(E)])
-        t_loop, c_loop = time.perf_counter(), time.process_time()  # the loop: no env creation, seeded reset
-        budget = math.inf if cfg.steps is None else cfg.steps
-        if next_step:
-            # gather up to T vector steps, then one add_batch and one vectorized count of the episodes
-            # (gather_steps or 256 KiB: rows reach readers that much later; the flush costs little per step),
-            # and at most half a segment: a block then needs at most the one spare segment the writer
-            # makes in the background, never one made on the spot (small stores have small segments)
-            T = max(1, min(cfg.gather_steps, (256 << 10) // (E * row_bytes), store.segment_records // (2 * E)))
-            buf = _StepBuffer(writers[0], T, stats, fresh_actions=ours)
-            new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
-            prev_done = np.zeros(E, bool)
-            steps = 0
-            watch = isinstance(act, _EpsGreedy)  # only our ε-greedy needs episode starts (frame stacks)
+    def run(self) -> None:
+        cfg, E = self.cfg, self.cfg.envs
+        self.record_run("running")
+        how = "done"
+        try:
+            self.obs, _ = self.envs.reset(seed=[cfg.seed + cfg.worker * E + j for j in range(E)])
+            self.t_loop, self.c_loop = time.perf_counter(), time.process_time()  # no env creation, seeded reset
+            budget = math.inf if cfg.steps is None else cfg.steps
+            if self.next_step:
+                self._gathered_loop(budget)
+            else:
+                self._per_copy_loop(budget)
+        except KeyboardInterrupt:
+            how = "interrupted"
+            raise
+        except BaseException:
+            how = "failed"
+            raise
+        finally:
+            self._close(how)
+
+    def _gathered_loop(self, budget: float) -> None:
+        """Next-step autoreset: gather up to T vector steps, then one add_batch and one vectorized
+        count of the episodes (gather_steps or 256 KiB: rows reach readers that much later; the flush
+        costs little per step), and at most half a segment: a block then needs at most the one spare
+        segment the writer makes in the background, never one made on the spot."""
+        cfg, E, envs, act, may_step = self.cfg, self.cfg.envs, self.envs, self.act, self.may_step
+        T = max(1, min(cfg.gather_steps, (256 << 10) // (E * self.row_bytes), self.store.segment_records // (2 * E)))
+        buf = self.buf = _StepBuffer(self.writers[0], T, self.stats, fresh_actions=self.ours)
+        new_episode = np.ones(E, bool)  # obs is an episode's first observation (frame stacks restart)
+        prev_done = np.zeros(E, bool)
+        steps = 0
+        watch = isinstance(act, _EpsGreedy)  # only our ε-greedy needs episode starts (frame stacks)
+        obs = self.obs
+        try:
             while steps < budget:
                 if buf.full or buf.empty:  # every T steps: stop? report? (stop before the flush, so the
-                    if stop_asked():      # last step is still gathered and can be marked as cut)
+                    if self.stop_asked():  # last step is still gathered and can be marked as cut)
                         break
                     buf.flush()
-                    if time.monotonic() - last_report >= cfg.report_s:
-                        flush_report()
+                    if time.monotonic() - self.last_report >= cfg.report_s:
+                        self.flush_report()
                 if may_step is not None and not may_step(E):
-                    if stop_asked():
+                    if self.stop_asked():
                         break
                     buf.flush()  # the learner waits for these rows
                     time.sleep(0.001)
-                    if time.monotonic() - last_report >= cfg.report_s:
-                        flush_report()
+                    if time.monotonic() - self.last_report >= cfg.report_s:
+                        self.flush_report()
                     continue
                 action = act(obs, new_episode)
                 buf.put_obs(obs, action)  # before step() overwrites it
@@ -360,69 +320,72 @@ def run_worker(
                 steps += E
                 if watch:  # a lane done in the last step was reset by this one: its obs starts an episode
                     new_episode, prev_done = prev_done, term | trunc
-            if cut and buf.empty and 0 < steps < budget and (may_step is None or may_step(E)):
+            if cfg.cut_episodes and buf.empty and 0 < steps < budget and (may_step is None or may_step(E)):
                 # stopped right after a flush: the last step is written, so one more carries the cut (not
                 # past a trainer's samples-per-insert limit: then the episodes stay unmarked, incomplete)
                 action = act(obs, new_episode)
                 buf.put_obs(obs, action)
                 obs, reward, term, trunc, _ = envs.step(action)
                 buf.put_outcome(reward, term, trunc)
-        else:
-            new_episode = np.ones(E, bool)
-            zero = np.zeros(1, np.float64)
-            while stats.steps < budget and not stop_asked():  # per copy: rows differ per step
-                if may_step is not None and not may_step(E):
-                    time.sleep(0.001)
-                    if time.monotonic() - last_report >= cfg.report_s:
-                        flush_report()
-                    continue
-                action = act(obs, new_episode)
-                next_obs, reward, term, trunc, info = envs.step(action)
-                env_done = term | trunc
-                cut_now = np.zeros(E, bool)
-                if cut and stats.steps + E >= budget:  # the run ends here: running episodes are cut
-                    cut_now = ~env_done
-                    trunc = trunc | cut_now
-                done = term | trunc
-                # same-step: the final observations are in info; disabled: next_obs until we reset
-                for j in range(E):
-                    a = action[j:j + 1]
-                    writers[j].add(_row(_take(obs, [j]), a, reward[j:j + 1], term[j:j + 1], trunc[j:j + 1]))
-                    if cut_now[j]:
-                        cut_rows.append(writers[j].last_row_id)
-                    if done[j]:  # the episode's final observation is its own (last) row of the lane
-                        final = (_take(next_obs, [j]) if disabled or not env_done[j]  # cut: next_obs is its own
-                                 else _one_lane(info["final_obs"][j]))
-                        writers[j].add(_row(final, a, zero, [False], [False]))
-                if disabled and done.any():  # reset_mask resets those copies, returns the whole batch
-                    next_obs, _ = envs.reset(options={"reset_mask": done})
-                stats.count(reward[None], env_done[None], autoreset_rows=False)  # (a cut is no episode end)
-                new_episode = done  # done lanes were reset in this step
-                obs = next_obs
-                if time.monotonic() - last_report >= cfg.report_s:
-                    flush_report()
-    except KeyboardInterrupt:
-        how = "interrupted"
-        raise
-    except BaseException:
-        how = "failed"
-        raise
-    finally:
+        finally:
+            self.obs = obs
+
+    def _per_copy_loop(self, budget: float) -> None:
+        """Same-step and disabled autoreset: one single-lane writer per copy, rows written per step."""
+        cfg, E, envs, writers, stats = self.cfg, self.cfg.envs, self.envs, self.writers, self.stats
+        new_episode = np.ones(E, bool)
+        zero = np.zeros(1, np.float64)
+        obs = self.obs
+        while stats.steps < budget and not self.stop_asked():  # per copy: rows differ per step
+            if self.may_step is not None and not self.may_step(E):
+                time.sleep(0.001)
+                if time.monotonic() - self.last_report >= cfg.report_s:
+                    self.flush_report()
+                continue
+            action = self.act(obs, new_episode)
+            next_obs, reward, term, trunc, info = envs.step(action)
+            env_done = term | trunc
+            cut_now = np.zeros(E, bool)
+            if cfg.cut_episodes and stats.steps + E >= budget:  # the run ends here: running episodes are cut
+                cut_now = ~env_done
+                trunc = trunc | cut_now
+            done = term | trunc
+            # same-step: the final observations are in info; disabled: next_obs until we reset
+            for j in range(E):
+                a = action[j:j + 1]
+                writers[j].add(_row(_take(obs, [j]), a, reward[j:j + 1], term[j:j + 1], trunc[j:j + 1]))
+                if cut_now[j]:
+                    self.cut_rows.append(writers[j].last_row_id)
+                if done[j]:  # the episode's final observation is its own (last) row of the lane
+                    final = (_take(next_obs, [j]) if self.disabled or not env_done[j]  # cut: next_obs is its own
+                             else _one_lane(info["final_obs"][j]))
+                    writers[j].add(_row(final, a, zero, [False], [False]))
+            if self.disabled and done.any():  # reset_mask resets those copies, returns the whole batch
+                next_obs, _ = envs.reset(options={"reset_mask": done})
+            stats.count(reward[None], env_done[None], autoreset_rows=False)  # (a cut is no episode end)
+            new_episode = done  # done lanes were reset in this step
+            obs = self.obs = next_obs
+            if time.monotonic() - self.last_report >= cfg.report_s:
+                self.flush_report()
+
+    def _close(self, how: str) -> None:
+        """Flush the last block (also after a crash: what was gathered before it), close the writers
+        with the final observations, record how the run ended and send the final report."""
         try:
-            if buf is not None:
-                if cut:
-                    buf.cut_last()  # episodes the end of the run interrupts are stored as truncated
-                buf.flush()  # the last block (also after a crash: what was gathered before it)
-            for j, w in enumerate(writers):
-                if obs is None:
+            if self.buf is not None:
+                if self.cfg.cut_episodes:
+                    self.buf.cut_last()  # episodes the end of the run interrupts are stored as truncated
+                self.buf.flush()
+            for j, w in enumerate(self.writers):
+                if self.obs is None:
                     w.close()
                 else:  # keep the final observations: the last steps become transitions
-                    w.close(last_obs=obs if next_step else _take(obs, [j]))
+                    w.close(last_obs=self.obs if self.next_step else _take(self.obs, [j]))
         finally:
-            envs.close()
-            record_run("interrupted" if how == "done" and stopped[0] else how)
-            store.close()
-            flush_report(final=True)  # also after a crash: what was written before it is stored
+            self.envs.close()
+            self.record_run("interrupted" if how == "done" and self.stopped else how)
+            self.store.close()
+            self.flush_report(final=True)  # also after a crash: what was written before it is stored
 
 
 class _Stats:

@@ -1,7 +1,8 @@
 """agent: Q networks, policy files, environments and evaluation.
 
 Modules: ``policy`` (QNetwork, FrameStack, save_policy / load_policy: weights-only torch
-files), ``continuous`` (the actor, critics and value network for Box actions, ContinuousPolicy), ``envs`` (gymnasium env and vector-env construction, Atari preprocessing, obs
+files), ``continuous`` (the actor, critics and value network for Box actions, ContinuousPolicy), ``envs`` (EnvSpec: the one description of an env, its wrappers
+and autoreset mode; gymnasium env and vector-env construction, Atari preprocessing, obs
 flattening; no torch), ``evaluation`` (greedy evaluation episodes).
 
 Torch loads only when a name of ``policy`` is first used: ``mmreplay.agent.envs`` stays light.
@@ -14,12 +15,15 @@ from typing import Any
 
 _POLICY = ("FrameStack", "Policy", "QNetwork", "epsilon_greedy", "load_policy", "network_spec", "save_policy")
 _CONTINUOUS = ("Actor", "ContinuousPolicy", "TwinCritic", "ValueNetwork", "actor_spec", "is_continuous")
-__all__ = sorted(_POLICY + _CONTINUOUS)
+_ENVS = ("EnvSpec",)
+__all__ = sorted(_POLICY + _CONTINUOUS + _ENVS)
 
 
 def __getattr__(name: str) -> Any:
     if name in _POLICY:
         return getattr(importlib.import_module(".policy", __name__), name)
+    if name in _ENVS:
+        return getattr(importlib.import_module(".envs", __name__), name)
     if name in _CONTINUOUS:
         return getattr(importlib.import_module(".continuous", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,15 +10,84 @@ Invariants:
 * Vector envs use gymnasium's own classes; ``autoreset_mode`` is passed through and recorded on
   the env (``env.metadata["autoreset_mode"]``), and the collector handles all three modes.
 * gymnasium (and ale-py) are imported lazily: ``import mmreplay`` does not load them.
+* :class:`EnvSpec` is the one description of an env and its wrappers that collect, the actors
+  (local or Ray), the trainer and the CLI pass around: a frozen, picklable value.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 
 AutoresetName = Literal["next_step", "same_step", "disabled"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What env to make, how it is wrapped and how its copies reset (frozen, picklable).
+
+    ``env``: a gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``) or a picklable callable that
+    returns an env (then the Atari options do not apply). ``atari=None``: if ``env`` is an ALE id.
+    ``max_episode_steps``: the episodes' time limit (``None``: the env's own). ``autoreset_mode``:
+    gymnasium's vector autoreset mode (``next_step``, ``same_step``, ``disabled``).
+    ``terminal_on_life_loss`` and ``sticky_actions`` (ALE's ``repeat_action_probability``): Atari.
+    """
+
+    env: str | Callable[[], Any]
+    atari: bool | None = None
+    max_episode_steps: int | None = None
+    autoreset_mode: AutoresetName = "next_step"
+    terminal_on_life_loss: bool = False
+    sticky_actions: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.env, str) or callable(self.env)):
+            raise TypeError(f"`env` must be a gymnasium id or a callable returning an env, got {self.env!r}")
+        _autoreset_name(self.autoreset_mode)  # ValueError naming the three modes
+
+    @property
+    def name(self) -> str:
+        """The env's id, or the callable's qualified name (what provenance records)."""
+        return self.env if isinstance(self.env, str) else getattr(self.env, "__qualname__", repr(self.env))
+
+    @property
+    def next_step(self) -> bool:
+        """Gymnasium's default next-step autoreset (one row per lane per vector step)."""
+        return _autoreset_name(self.autoreset_mode) == "next_step"
+
+    def make(self) -> Any:
+        """One env (:func:`make_env` for an id; the callable's env otherwise)."""
+        if not isinstance(self.env, str):
+            return self.env()
+        return make_env(self.env, atari=self.atari, max_episode_steps=self.max_episode_steps,
+                        terminal_on_life_loss=self.terminal_on_life_loss, sticky_actions=self.sticky_actions)
+
+    def make_vec(self, num_envs: int, *, copy: bool = True) -> Any:
+        """A synchronous vector env of ``num_envs`` copies, in this spec's autoreset mode."""
+        if isinstance(self.env, str):
+            return make_vec_env(self.env, num_envs, atari=self.atari, max_episode_steps=self.max_episode_steps,
+                                autoreset_mode=self.autoreset_mode, terminal_on_life_loss=self.terminal_on_life_loss,
+                                sticky_actions=self.sticky_actions, copy=copy)
+        import gymnasium as gym
+
+        return gym.vector.SyncVectorEnv([self.env] * num_envs, autoreset_mode=_autoreset(self.autoreset_mode),
+                                        copy=copy)
+
+    def spaces(self) -> tuple[Any, Any, dict[str, Any]]:
+        """The observation and action spaces of one env made and closed again, and its gymnasium spec
+        as JSON (``{"env_spec": ...}``, ``None`` when its kwargs cannot be written as JSON)."""
+        e = self.make()
+        try:
+            spec = e.spec.to_json() if e.spec is not None else None
+        except Exception:  # an env spec with unpicklable kwargs cannot be written as JSON
+            spec = None
+        try:
+            return e.observation_space, e.action_space, {"env_spec": spec}
+        finally:
+            e.close()
 
 
 def is_atari(env_id: str) -> bool:
@@ -88,14 +157,18 @@ def check_env_id(env_id: str) -> None:
     gym.spec(env_id)
 
 
+def _autoreset_name(mode: str) -> str:
+    name = mode.replace("-", "_") if isinstance(mode, str) else mode
+    if name not in ("next_step", "same_step", "disabled"):
+        raise ValueError(f"`autoreset_mode` must be 'next_step', 'same_step' or 'disabled', got {mode!r}")
+    return name
+
+
 def _autoreset(mode: str) -> Any:
     from gymnasium.vector import AutoresetMode
 
-    try:
-        return {"next_step": AutoresetMode.NEXT_STEP, "same_step": AutoresetMode.SAME_STEP,
-                "disabled": AutoresetMode.DISABLED}[mode.replace("-", "_")]
-    except KeyError:
-        raise ValueError(f"`autoreset_mode` must be 'next_step', 'same_step' or 'disabled', got {mode!r}") from None
+    return {"next_step": AutoresetMode.NEXT_STEP, "same_step": AutoresetMode.SAME_STEP,
+            "disabled": AutoresetMode.DISABLED}[_autoreset_name(mode)]
 
 
 def make_vec_env(

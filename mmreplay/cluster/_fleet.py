@@ -37,6 +37,7 @@ from ._ray_actor import actor_class, ensure_ray
 if TYPE_CHECKING:
     from ..storage import ReplayStore
     from ._ray_actor import ActorSpec
+    from .specs import ShipSpec
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,13 @@ class Slot:
 class Fleet:
     """Actors, their restarts, progress, limits, weights, and the learner's ingestion (one thread)."""
 
-    def __init__(self, specs: list[ActorSpec], budgets: list[int | None], *, address: str | None, actor_cpus: float,
-                 max_restarts: int, seed: int, store: ReplayStore | None, archive_root: str,
-                 storage_options: dict[str, Any] | None, ingest_s: float, policy_path: str | None = None,
+    def __init__(self, specs: list[ActorSpec], budgets: list[int | None], ship: ShipSpec, *, seed: int,
+                 store: ReplayStore | None, archive_root: str, policy_path: str | None = None,
                  poll_s: float = 0.05, keep_returns: int | None = 1000) -> None:
-        self.specs, self.budgets = specs, budgets
-        self.address, self.actor_cpus, self.max_restarts, self.seed = address, actor_cpus, max_restarts, seed
-        self.store, self.archive_root, self.storage_options = store, archive_root, storage_options
-        self.ingest_s, self.policy_path, self.poll_s = ingest_s, policy_path, poll_s
+        self.specs, self.budgets, self.ship = specs, budgets, ship
+        self.address, self.actor_cpus, self.max_restarts, self.seed = ship.address, ship.actor_cpus, ship.max_restarts, seed
+        self.store, self.archive_root, self.storage_options = store, archive_root, ship.options
+        self.ingest_s, self.policy_path, self.poll_s = ship.ingest_s, policy_path, poll_s
         self.slots: list[Slot] = []
         self.returns: deque[float] = deque(maxlen=keep_returns)
         self.episodes = 0

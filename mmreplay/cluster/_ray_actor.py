@@ -27,14 +27,15 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..actors.pool import Policy, PolicySpec
+from ..actors import EnvSpec, PolicyFn, PolicySpec, WorkerConfig, run_worker
 from .local_ray import start_local_ray
+from .specs import ShipSpec
 
 if TYPE_CHECKING:
     from ..core.schema import Schema
@@ -44,33 +45,36 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class ActorSpec:
+    """One Ray actor's part of a run: its index, env and env copies, the schema and segment size of its
+    local store, its archive root, how it ships (``ship``), its policy, the writers' durability, the
+    metadata of its local store and the run's id."""
+
     index: int
-    env: str | Callable[[], Any]
+    env: EnvSpec
     envs: int
     schema: dict[str, Any]
     segment_records: int
-    local_capacity: int
-    local_dir: str
     archive_root: str
-    export_s: float
-    storage_options: dict[str, Any] | None
-    policy: PolicySpec | Policy
-    atari: bool | None
-    max_episode_steps: int | None
-    terminal_on_life_loss: bool
-    sticky_actions: float | None
+    ship: ShipSpec
+    policy: PolicySpec | PolicyFn
     durability: str
     metadata: dict[str, Any]
-    keep_local: bool
     run_id: str
-    autoreset_mode: str = "next_step"
 
     @property
     def name(self) -> str:
         return f"actor-{self.index:03d}"
 
+    @property
+    def local_capacity(self) -> int:
+        return self.ship.local_capacity if self.ship.local_capacity is not None else 64 * self.segment_records
 
-def _open_or_create(path: Path, schema: Schema, capacity: int, segment_records: int, metadata: dict[str, Any]) -> Any:
+    @property
+    def local_dir(self) -> str:
+        return self.ship.local_dir or str(Path(tempfile.gettempdir()) / "mmreplay-ray")
+
+
+def _open_local_store(path: Path, schema: Schema, capacity: int, segment_records: int, metadata: dict[str, Any]) -> Any:
     """:func:`mmreplay.storage.open_or_create` (it also remakes a store whose creation died)."""
     from ..storage import open_or_create
 
@@ -91,7 +95,7 @@ class ClusterActor:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.store_path = self.dir / "store"
         self.policy_path = self.dir / "policy.pt"
-        st = _open_or_create(self.store_path, Schema.from_json(spec.schema), spec.local_capacity,
+        st = _open_local_store(self.store_path, Schema.from_json(spec.schema), spec.local_capacity,
                              spec.segment_records, spec.metadata)  # recovers what a dead incarnation published
         self.store_uuid = st.store_uuid.hex()
         self._prior = st.num_rows  # rows earlier incarnations stored here: shipped too, and within the limit
@@ -154,12 +158,12 @@ class ClusterActor:
     def _export(self) -> None:
         from ..archive.zarr_io import export_archive
 
-        rep = export_archive(self.store_path, self.archive_url, storage_options=self.spec.storage_options)
+        rep = export_archive(self.store_path, self.archive_url, storage_options=self.spec.ship.options)
         with self._mu:
             self._exported, self._export_error = rep.rows, None
 
     def _export_loop(self, done: threading.Event) -> None:
-        while not done.wait(self.spec.export_s):
+        while not done.wait(self.spec.ship.export_s):
             try:
                 self._export()
             except Exception as exc:  # a transient storage error: retried at the next tick
@@ -171,8 +175,6 @@ class ClusterActor:
             seq: int = 0) -> dict[str, Any]:
         """Step until ``steps`` env steps (None: until stopped) within ``limit`` (None: no limit;
         :meth:`allow` moves it), then close, export, return the totals."""
-        from ..actors.worker import WorkerConfig, run_worker
-
         with self._mu:
             if self._runs:
                 raise RuntimeError(f"{self.spec.name} runs once per incarnation")
@@ -185,9 +187,7 @@ class ClusterActor:
         if isinstance(policy, PolicySpec) and policy.kind == "eps-greedy":
             policy = PolicySpec("eps-greedy", str(self.policy_path), policy.epsilon, reload_s=0.2)
         cfg = WorkerConfig(self.spec.index, self.spec.env, str(self.store_path), steps, self.spec.envs, seed, policy,
-                           self.spec.atari, self.spec.max_episode_steps, self.spec.autoreset_mode,  # type: ignore[arg-type]
-                           self.spec.durability,
-                           self.spec.terminal_on_life_loss, self.spec.sticky_actions)
+                           self.spec.durability)
         done = threading.Event()
         exporter = threading.Thread(target=self._export_loop, args=(done,), name="mmreplay-export", daemon=True)
         exporter.start()
@@ -198,7 +198,7 @@ class ClusterActor:
                 done.set()
                 exporter.join()
                 self._export()  # the last segment, sealed when the writer closed
-            if not self.spec.keep_local:
+            if not self.spec.ship.keep_local:
                 shutil.rmtree(self.dir, ignore_errors=True)  # everything is in the archive now
                 with contextlib.suppress(OSError):
                     self.dir.parent.rmdir()  # the run's directory, once its last actor is done

@@ -9,7 +9,8 @@ and keeps only its own data path::
               -> its own local store (tiers, samplers, loader as usual)
     weights:  policy file bytes -> ray.put -> every actor writes them to a local policy file
 
-:func:`ray_collect` is the library form of ``mmreplay collect --ray``; :class:`RayActorPool` has
+:func:`run_ray_collect` is the library form of ``mmreplay collect --ray`` (:func:`ray_collect` its
+keyword form); :class:`RayActorPool` has
 the interface of :class:`mmreplay.ActorPool` for ``mmreplay train --ray``.
 
 Invariants kept here (the actor side is ``_ray_actor.py``, the driver side ``_fleet.py``, the
@@ -46,22 +47,32 @@ import dataclasses
 import logging
 import os
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
-from ..actors.pool import CollectResult, Policy, PolicySpec
+from ..actors import (
+    CollectProgress,
+    CollectResult,
+    CollectSpec,
+    EnvSpec,
+    PolicyFn,
+    PolicySpec,
+    WriterSpec,
+    action_scale_metadata,
+    env_metadata,
+    open_store_for_spaces,
+    split_steps,
+)
 from ..agent.envs import AutoresetName
 from ..archive.shipping import IngestReport, archive_urls, ingest_archives, read_ledger
 from ..core.errors import MMReplayError
 from ._fleet import Fleet
 from ._ray_actor import ActorSpec
 from .local_ray import start_local_ray
+from .specs import ShipSpec
 
 if TYPE_CHECKING:
     from ..core.schema import Schema
@@ -78,6 +89,8 @@ __all__ = [
     "ingest_archives",
     "ray_collect",
     "read_ledger",
+    "run_ray_collect",
+    "ShipSpec",
     "start_local_ray",
 ]
 
@@ -90,37 +103,26 @@ def cluster_segment_records(schema: Schema, lanes: int = 1) -> int:
     return segment_records_for(schema, use="shipping", lanes=lanes)
 
 
-def _default_local_dir() -> str:
-    return str(Path(tempfile.gettempdir()) / "mmreplay-ray")
-
-
-def _policy_payload(policy: str | PolicySpec | Policy) -> tuple[PolicySpec | Policy, str | None]:
-    """The actors' policy, and the file whose bytes ship to them (eps-greedy checkpoints)."""
-    if isinstance(policy, str):
-        policy = PolicySpec.parse(policy)
+def _policy_payload(policy: PolicySpec | PolicyFn) -> str | None:
+    """The file whose bytes ship to the actors (eps-greedy checkpoints), if any."""
     if isinstance(policy, PolicySpec) and policy.kind == "eps-greedy":
         if policy.path is None or not Path(policy.path).is_file():
             raise FileNotFoundError(f"policy checkpoint {policy.path!r} not found")
-        return policy, policy.path
-    return policy, None
+        return policy.path
+    return None
 
 
-def _specs(n: int, *, env: str | Callable[[], Any], envs: int, schema: Schema, segment_records: int,
-           local_capacity: int | None, local_dir: str, archive_root: str, export_s: float,
-           storage_options: dict[str, Any] | None, policy: PolicySpec | Policy, atari: bool | None,
-           max_episode_steps: int | None, terminal_on_life_loss: bool, sticky_actions: float | None,
-           durability: str, metadata: dict[str, Any], keep_local: bool, run_id: str,
-           autoreset_mode: str = "next_step") -> list[ActorSpec]:
+def actor_specs(n: int, env: EnvSpec, envs: int, *, schema: Schema, segment_records: int, archive_root: str,
+                ship: ShipSpec, policy: PolicySpec | PolicyFn, durability: str, metadata: dict[str, Any]) -> list[ActorSpec]:
+    """The specs of ``n`` actors of one run (a fresh run id), checked: ``envs`` copies each, at most
+    ``segment_records``."""
     if n < 1 or envs < 1:
         raise ValueError(f"need actors >= 1 and envs_per_actor >= 1, got {n} and {envs}")
     if envs > segment_records:
         raise ValueError(f"`envs_per_actor`={envs} is more than segment_records={segment_records}")
-    if export_s <= 0:
-        raise ValueError(f"`export_s` must be > 0, got {export_s}")
-    cap = local_capacity if local_capacity is not None else 64 * segment_records
-    return [ActorSpec(i, env, envs, schema.to_json(), segment_records, cap, local_dir, archive_root, export_s,
-                       storage_options, policy, atari, max_episode_steps, terminal_on_life_loss, sticky_actions,
-                       durability, metadata, keep_local, run_id, autoreset_mode) for i in range(n)]
+    run_id = uuid.uuid4().hex[:12]
+    return [ActorSpec(i, env, envs, schema.to_json(), segment_records, archive_root, ship, policy, durability,
+                      metadata, run_id) for i in range(n)]
 
 
 def _warn_big_segments(path: str, R: int, schema: Schema, envs: int) -> None:
@@ -160,7 +162,7 @@ def ray_collect(
     envs_per_actor: int = 1,
     address: str | None = None,
     store: str | os.PathLike[str] | None = None,
-    policy: str | PolicySpec | Policy = "random",
+    policy: str | PolicySpec | PolicyFn = "random",
     seed: int | None = None,
     atari: bool | None = None,
     capacity: int = 1_000_000,
@@ -181,7 +183,8 @@ def ray_collect(
     progress: bool | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> RayCollectResult:
-    """Collect ``steps`` env steps with ``actors`` Ray actors; ship them through ``archive_url``.
+    """Collect ``steps`` env steps with ``actors`` Ray actors; ship them through ``archive_url``: the
+    keyword form of :func:`run_ray_collect` (the keywords are the fields of its specs).
 
     Each actor steps a vector env of ``envs_per_actor`` copies into a local store on its node
     (``<local_dir>/<run id>/actor-NNN``; ``local_dir`` defaults to ``<temp dir>/mmreplay-ray``
@@ -207,90 +210,116 @@ def ray_collect(
     Returns a :class:`RayCollectResult`; actors that failed are in ``errors``. Ctrl-C stops the
     actors, which close their writers and export what they wrote (``interrupted=True``).
     """
-    from ..actors.pool import _env_spaces, _Progress, _split, action_scale_metadata, open_or_create
-    from ..core.schema import Schema
-    from ..core.version import __version__
+    return run_ray_collect(
+        EnvSpec(env, atari=atari, max_episode_steps=max_episode_steps, autoreset_mode=autoreset_mode,
+                terminal_on_life_loss=terminal_on_life_loss, sticky_actions=sticky_actions),
+        WriterSpec(None if store is None else os.fspath(store), capacity=capacity, segment_records=segment_records,
+                   durability=durability, metadata=metadata),
+        CollectSpec(steps, workers=actors, envs_per_worker=envs_per_actor, policy=policy, seed=seed, progress=progress),
+        ShipSpec(os.fspath(archive_url), address=address, export_s=export_s, ingest_s=ingest_s, local_dir=local_dir,
+                 local_capacity=local_capacity, keep_local=keep_local, max_restarts=max_restarts,
+                 actor_cpus=actor_cpus, storage_options=storage_options))
 
-    if steps < 1:
-        raise ValueError(f"`steps` must be >= 1, got {steps}")
-    pol, policy_file = _policy_payload(policy)
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % (2**31))
-    obs_space, act_space, extra = _env_spaces(env, atari, max_episode_steps, terminal_on_life_loss, sticky_actions)
+
+def run_ray_collect(env: EnvSpec, writer: WriterSpec, run: CollectSpec, ship: ShipSpec) -> RayCollectResult:
+    """Collect ``run.steps`` env steps of ``env`` with ``run.workers`` Ray actors (at least one) of
+    ``run.envs_per_worker`` copies each, shipped as ``ship`` says; with ``writer.store``, ingested into
+    that store (created from the env's spaces if missing). See :func:`ray_collect`."""
+    from ..core.schema import Schema
+
+    run = run.seeded()
+    actors = max(run.workers, 1)
+    policy_file = _policy_payload(run.policy)
+    obs_space, act_space, extra = env.spaces()
     schema = Schema.from_spaces(obs_space, act_space)
-    env_name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
-    base = {"env_id": env_name, "observation_space": repr(obs_space), "action_space": repr(act_space),
-            "mmreplay_version": __version__, **extra, **action_scale_metadata(act_space), **(metadata or {})}
-    root = _check_archive_root(str(archive_url), address)
+    base = {**env_metadata(env, obs_space, act_space, extra), **action_scale_metadata(act_space),
+            **(writer.metadata or {})}
+    root = _check_archive_root(ship.archive_for(writer.store), ship.address)
     learner = None
-    if store is not None:
-        learner = open_or_create(store, obs_space, act_space, capacity=capacity, metadata=base,
-                                 segment_records=segment_records or cluster_segment_records(schema, envs_per_actor))
-        segment_records = learner.segment_records
-    R = segment_records or cluster_segment_records(schema, envs_per_actor)
-    _warn_big_segments(str(store or "the actors' stores"), R, schema, envs_per_actor)
-    run_id = uuid.uuid4().hex[:12]
-    specs = _specs(actors, env=env, envs=envs_per_actor, schema=schema, segment_records=R,
-                   local_capacity=local_capacity, local_dir=local_dir or _default_local_dir(), archive_root=root,
-                   export_s=export_s, storage_options=storage_options, policy=pol, atari=atari,
-                   max_episode_steps=max_episode_steps, terminal_on_life_loss=terminal_on_life_loss,
-                   sticky_actions=sticky_actions, durability=durability, metadata=base, keep_local=keep_local,
-                   run_id=run_id, autoreset_mode=autoreset_mode)
-    budgets: list[int | None] = [b for b in _split(steps, actors)]
-    fleet = Fleet(specs, budgets, address=address, actor_cpus=actor_cpus, max_restarts=max_restarts, seed=seed,
-                   store=learner, archive_root=root, storage_options=storage_options, ingest_s=ingest_s,
-                   policy_path=policy_file, keep_returns=None)
-    record = {**base, "kind": "ray-collect", "status": "running", "actors": actors, "envs_per_actor": envs_per_actor,
-              "policy": str(pol) if isinstance(pol, PolicySpec) else "callable", "seed": seed, "archive": root,
-              "ray_address": address or "local", "steps_requested": steps, "segment_records": R,
-              "host": socket.gethostname(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    R = writer.segment_records
+    if writer.store is not None:
+        R = R or cluster_segment_records(schema, run.envs_per_worker)
+        learner = open_store_for_spaces(dataclasses.replace(writer, segment_records=R), obs_space, act_space,
+                                        metadata=base)
+        R = learner.segment_records
+    R = R or cluster_segment_records(schema, run.envs_per_worker)
+    _warn_big_segments(str(writer.store or "the actors' stores"), R, schema, run.envs_per_worker)
+    specs = actor_specs(actors, env, run.envs_per_worker, schema=schema, segment_records=R, archive_root=root,
+                        ship=ship, policy=run.policy, durability=writer.durability, metadata=base)
+    budgets: list[int | None] = list(split_steps(run.steps, actors))
+    fleet = Fleet(specs, budgets, ship, seed=run.seed, store=learner, archive_root=root,  # type: ignore[arg-type]
+                  policy_path=policy_file, keep_returns=None)
+    record = {**base, "kind": "ray-collect", "status": "running", "actors": actors,
+              "envs_per_actor": run.envs_per_worker,
+              "policy": str(run.policy) if isinstance(run.policy, PolicySpec) else "callable", "seed": run.seed,
+              "archive": root, "ray_address": ship.address or "local", "steps_requested": run.steps,
+              "segment_records": R, "host": socket.gethostname(),
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     name = learner.record_provenance(record) if learner is not None else None
-    result = RayCollectResult(0, 0, 0, [], 0.0, 0, seed, provenance=name, archive=root)
-    bar = _Progress(sum(-(-b // envs_per_actor) * envs_per_actor for b in _split(steps, actors)), progress)
-    shown = 0
+    result = RayCollectResult(0, 0, 0, [], 0.0, 0, run.seed, provenance=name, archive=root)  # type: ignore[arg-type]
+    bar = CollectProgress(sum(run.rounded(b) for b in split_steps(run.steps, actors)), run.progress)
     t0 = time.perf_counter()
     try:
-        fleet.start()
-        try:
-            while not fleet.finished:
-                time.sleep(0.1)
-                tot = fleet.totals()
-                result.episodes, result.bytes_written = tot["episodes"], tot["bytes"]
-                result.episode_returns = list(fleet.returns)
-                bar.update(tot["steps"] - shown, result)
-                shown = tot["steps"]
-        except KeyboardInterrupt:
-            result.interrupted = True
-        finally:
-            fleet.stop()
+        _watch(fleet, result, bar)
     finally:
         result.seconds = time.perf_counter() - t0
         bar.close()
-        tot = fleet.totals()
-        result.steps, result.transitions, result.episodes = tot["steps"], tot["transitions"], tot["episodes"]
-        result.bytes_written = tot["bytes"]
-        result.episode_returns = list(fleet.returns)
-        result.errors = fleet.errors()
-        result.rows_ingested = fleet.rows_ingested
-        result.restarts = {i: s.restarts for i, s in enumerate(fleet.slots) if s.restarts}
-        result.loop_seconds = max((float(s.base["loop_s"]) for s in fleet.slots), default=0.0)
+        _fold(fleet, result)
         if learner is not None:
-            record.update(status="interrupted" if result.interrupted else ("failed" if result.errors else "done"),
-                          steps_stored=result.steps, rows_ingested=result.rows_ingested, restarts=result.restarts,
-                          seconds=round(result.seconds, 3), errors={str(k): v.strip().splitlines()[-1] if v.strip()
-                                                                    else "" for k, v in result.errors.items()},
-                          finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-            with contextlib.suppress(Exception):
-                learner.record_provenance(record, name)
-            learner.close()
+            _close_learner(learner, record, name, result)
     return result
+
+
+def _watch(fleet: Fleet, result: RayCollectResult, bar: CollectProgress) -> None:
+    """Start the fleet and show its progress until it finishes (or Ctrl-C), then stop it."""
+    shown = 0
+    fleet.start()
+    try:
+        while not fleet.finished:
+            time.sleep(0.1)
+            tot = fleet.totals()
+            result.episodes, result.bytes_written = tot["episodes"], tot["bytes"]
+            result.episode_returns = list(fleet.returns)
+            bar.update(tot["steps"] - shown, result)
+            shown = tot["steps"]
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        fleet.stop()
+
+
+def _fold(fleet: Fleet, result: RayCollectResult) -> None:
+    """The fleet's final counts into ``result``."""
+    tot = fleet.totals()
+    result.steps, result.transitions, result.episodes = tot["steps"], tot["transitions"], tot["episodes"]
+    result.bytes_written = tot["bytes"]
+    result.episode_returns = list(fleet.returns)
+    result.errors = fleet.errors()
+    result.rows_ingested = fleet.rows_ingested
+    result.restarts = {i: s.restarts for i, s in enumerate(fleet.slots) if s.restarts}
+    result.loop_seconds = max((float(s.base["loop_s"]) for s in fleet.slots), default=0.0)
+
+
+def _close_learner(learner: ReplayStore, record: dict[str, Any], name: str | None, result: RayCollectResult) -> None:
+    """Finish the run's provenance record in the learner's store and close it."""
+    record.update(status="interrupted" if result.interrupted else ("failed" if result.errors else "done"),
+                  steps_stored=result.steps, rows_ingested=result.rows_ingested, restarts=result.restarts,
+                  seconds=round(result.seconds, 3), errors={str(k): v.strip().splitlines()[-1] if v.strip()
+                                                            else "" for k, v in result.errors.items()},
+                  finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    with contextlib.suppress(Exception):
+        learner.record_provenance(record, name)
+    learner.close()
 
 
 # -- actors for a trainer ---------------------------------------------------------------------------
 class RayActorPool:
     """Ray actors that fill a learner's store through archives; the interface of
     :class:`mmreplay.ActorPool` (``start``, ``allow``, ``env_steps``, ``episode_returns``,
-    ``episodes``, ``check``, ``stop``) plus :meth:`publish_weights` and :meth:`ingest`.
+    ``episodes``, ``check``, ``stop``) plus :meth:`publish_weights` and :meth:`ingest`. ``env``: an
+    :class:`~mmreplay.agent.envs.EnvSpec` (or a gymnasium id or env callable), ``ship``: how rows
+    ship (:class:`ShipSpec`; its ``archive_url`` defaults to ``<store_path>.archive`` without a
+    cluster address).
 
     The learner's store at ``store_path`` must exist (its schema and ``segment_records`` are the
     actors'; create it with ``segment_records=cluster_segment_records(schema, envs_per_actor)``:
@@ -299,33 +328,21 @@ class RayActorPool:
     whenever it changes (so a trainer that rewrites the file needs no other call); ``env_steps``
     counts the rows ingested, i.e. rows the learner can sample after its next ``refresh()``.
 
-    >>> pool = RayActorPool("CartPole-v1", "run/store", actors=4, policy_path="run/policy.pt")  # doctest: +SKIP
+    >>> pool = RayActorPool("CartPole-v1", "run/store", actors=4, policy_path="run/policy.pt",
+    ...                     ship=ShipSpec(address="auto", archive_url="s3://bucket/run"))  # doctest: +SKIP
     >>> pool.start(); pool.allow(10_000)  # doctest: +SKIP
     """
 
-    def __init__(self, env_id: str | Callable[[], Any], store_path: str | os.PathLike[str], *, actors: int,
+    def __init__(self, env: EnvSpec | str | Callable[[], Any], store_path: str | os.PathLike[str], *, actors: int,
                  envs_per_actor: int = 1, policy_path: str | os.PathLike[str], seed: int = 0,
-                 atari: bool | None = None, max_episode_steps: int | None = None,
-                 durability: Literal["process", "segment", "batch"] = "segment", terminal_on_life_loss: bool = False,
-                 address: str | None = None, archive_url: str | os.PathLike[str] | None = None,
-                 local_dir: str | None = None, export_s: float = 1.0, ingest_s: float = 0.5, max_restarts: int = 3,
-                 actor_cpus: float = 1.0, storage_options: dict[str, Any] | None = None,
-                 keep_local: bool = False) -> None:
+                 durability: Literal["process", "segment", "batch"] = "segment", ship: ShipSpec | None = None) -> None:
         if actors < 1:
             raise ValueError(f"`actors` must be >= 1, got {actors}")
-        if archive_url is None:
-            if address not in (None, "", "local"):
-                raise ValueError("on a Ray cluster `archive_url` must be given: a shared path or URL every node "
-                                 "and the learner reach")
-            archive_url = f"{str(store_path).rstrip('/')}.archive"
-        self.env_id, self.store_path, self.actors, self.envs_per_actor = env_id, str(store_path), actors, envs_per_actor
-        self.policy_path, self.seed, self.address = str(policy_path), seed, address
-        self.archive_url = str(archive_url)
-        self._kw = dict(atari=atari, max_episode_steps=max_episode_steps, terminal_on_life_loss=terminal_on_life_loss,
-                        sticky_actions=None, durability=durability, keep_local=keep_local, export_s=export_s,
-                        storage_options=storage_options)
-        self.local_dir, self.ingest_s, self.max_restarts, self.actor_cpus = local_dir, ingest_s, max_restarts, actor_cpus
-        self.storage_options = storage_options
+        ship = ship if ship is not None else ShipSpec()
+        self.env = env if isinstance(env, EnvSpec) else EnvSpec(env)
+        self.store_path, self.actors, self.envs_per_actor = str(store_path), actors, envs_per_actor
+        self.policy_path, self.seed, self.durability, self.ship = str(policy_path), seed, durability, ship
+        self.archive_url = ship.archive_for(self.store_path)
         self._fleet: Fleet | None = None
         self._store: ReplayStore | None = None
         self._stopped = False
@@ -340,17 +357,13 @@ class RayActorPool:
         try:
             R = self._store.segment_records
             _warn_big_segments(self.store_path, R, self._store.schema, self.envs_per_actor)
-            root = _check_archive_root(self.archive_url, self.address)
-            specs = _specs(self.actors, env=self.env_id, envs=self.envs_per_actor, schema=self._store.schema,
-                           segment_records=R, local_capacity=None,
-                           local_dir=self.local_dir or _default_local_dir(), archive_root=root,
-                           run_id=uuid.uuid4().hex[:12],
-                           policy=PolicySpec("eps-greedy", self.policy_path, None, reload_s=0.2),
-                           metadata=dict(self._store.metadata), **self._kw)  # type: ignore[arg-type]
-            self._fleet = Fleet(specs, [None] * self.actors, address=self.address, actor_cpus=self.actor_cpus,
-                                 max_restarts=self.max_restarts, seed=self.seed, store=self._store, archive_root=root,
-                                 storage_options=self.storage_options, ingest_s=self.ingest_s,
-                                 policy_path=self.policy_path)
+            root = _check_archive_root(self.archive_url, self.ship.address)
+            specs = actor_specs(self.actors, self.env, self.envs_per_actor, schema=self._store.schema,
+                                segment_records=R, archive_root=root, ship=self.ship,
+                                policy=PolicySpec("eps-greedy", self.policy_path, None, reload_s=0.2),
+                                durability=self.durability, metadata=dict(self._store.metadata))
+            self._fleet = Fleet(specs, [None] * self.actors, self.ship, seed=self.seed, store=self._store,
+                                archive_root=root, policy_path=self.policy_path)
             self._fleet.allowed = 0
             self._fleet.start()
         except BaseException:

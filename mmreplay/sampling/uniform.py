@@ -229,6 +229,24 @@ class TransitionSampler:
         if self._finalizer is not None:
             self._finalizer()
 
+    def random_state(self) -> dict[str, Any]:
+        """The sampler's random state as plain JSON-able values (what a training checkpoint keeps):
+        the numpy generator's state (``rng``), the compiled kernels' generator words (``kernel``) and
+        the draws made so far (``steps``: a prioritized sampler's β annealing; 0 for the others).
+        :meth:`set_random_state` puts it back, and the next batches are the same as after the capture."""
+        return {"rng": self.rng.bit_generator.state, "kernel": [int(x) for x in self._state],
+                "steps": int(getattr(self, "steps", 0))}
+
+    def set_random_state(self, state: dict[str, Any]) -> None:
+        """Put back a :meth:`random_state` (``kernel``: as many words as this sampler's generator)."""
+        kernel = np.asarray(state["kernel"], dtype=np.uint64)
+        if kernel.shape != self._state.shape:
+            raise ValueError(f"`kernel` must hold {self._state.size} generator words, got {kernel.size}")
+        self.rng.bit_generator.state = state["rng"]
+        self._state[:] = kernel
+        if hasattr(self, "steps"):
+            self.steps = int(state["steps"])
+
     def __enter__(self) -> TransitionSampler:
         return self
 

@@ -1,10 +1,16 @@
 """train: the DQN / offline-RL trainer — config, learner, loops, run directory, checkpoints, metrics.
 
 Modules: ``config`` (TrainConfig, presets, validation, run-dir naming; no torch, so the CLI
-checks a config before torch loads), ``loops`` (Learner and the synchronous, actor and
-offline loops), ``continuous`` (TD3+BC, IQL and BC for Box actions: ContinuousLearner), ``_run`` (what the loops share: the run directory, batches, evaluation,
-checkpoints on schedule), ``checkpoint`` (weights-only checkpoint files), ``runlog``
-(metrics CSV / TensorBoard, ``plot_run``).
+checks a config before torch loads), ``learner`` (Learner: the Q network, its target, one step
+of DQN / CQL / BC), ``continuous`` (TD3+BC, IQL and BC for Box actions: ContinuousLearner),
+``loops`` (``train`` and the synchronous, actor and offline loops), ``run`` (Run: the run
+directory, counters, sampler, evaluation, checkpoints on schedule; TrainResult), ``batches``
+(Batches: the learner's batch source; ``pick_device``, ``to_tensors``), ``stores`` (the run's store:
+opening or creating it, its provenance record, the eval env's fit), ``checkpoint``
+(weights-only checkpoint files), ``runlog`` (metrics CSV / TensorBoard, ``plot_run``).
+
+Floors, lowest first (no import circle, type-only imports counted): config < checkpoint, runlog,
+batches, stores, learner, continuous < run < loops.
 
 The config names load eagerly; the torch-backed ones (``train``, ``Learner``, ...) on first use.
 """
@@ -18,23 +24,25 @@ from .config import (
     TrainConfig,
     atari_config,
     continuous_config,
-    minatar_config,
     default_run_dir,
     linear_schedule,
+    minatar_config,
     resume_config,
     target_update_interval_of,
     validate_config,
 )
 
-_LAZY = {"ContinuousLearner": "continuous", "Learner": "loops", "train": "loops", "train_online": "loops", "train_actors": "loops",
-         "train_offline": "loops", "TrainResult": "_run", "to_tensors": "_run", "pick_device": "_run",
-         "replay_segment_records": "_run",
-         "read_metrics": "runlog", "plot_run": "runlog", "save_checkpoint": "checkpoint",
-         "load_checkpoint": "checkpoint"}
+_LAZY = {"ContinuousLearner": "continuous", "Learner": "learner", "train": "loops", "train_online": "loops",
+         "train_actors": "loops", "train_offline": "loops", "Run": "run", "TrainResult": "run",
+         "Batches": "batches", "to_tensors": "batches", "pick_device": "batches",
+         "replay_segment_records": "stores", "read_metrics": "runlog", "plot_run": "runlog",
+         "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
-    "ContinuousLearner", "Learner", "continuous_config", "TrainConfig", "TrainResult", "atari_config", "default_run_dir", "minatar_config", "linear_schedule", "load_checkpoint",
-    "pick_device", "plot_run", "read_metrics", "replay_segment_records", "resume_config", "save_checkpoint", "target_update_interval_of",
-    "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config",
+    "Batches", "ContinuousLearner", "Learner", "Run", "TrainConfig", "TrainResult", "atari_config",
+    "continuous_config", "default_run_dir", "linear_schedule", "load_checkpoint", "minatar_config", "pick_device",
+    "plot_run", "read_metrics", "replay_segment_records", "resume_config", "save_checkpoint",
+    "target_update_interval_of", "to_tensors", "train", "train_actors", "train_offline", "train_online",
+    "validate_config",
 ]
 
 

@@ -37,20 +37,6 @@ if TYPE_CHECKING:
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
-def sampler_state(sampler: TransitionSampler) -> dict[str, Any]:
-    """The sampler's random state (numpy generator, kernel generator) and PER step count."""
-    return {"rng": sampler.rng.bit_generator.state, "kernel": [int(x) for x in sampler._state],
-            "steps": int(getattr(sampler, "steps", 0))}
-
-
-def restore_sampler(sampler: TransitionSampler, state: dict[str, Any]) -> None:
-    """Put back what :func:`sampler_state` captured."""
-    sampler.rng.bit_generator.state = state["rng"]
-    sampler._state[:] = np.array(state["kernel"], dtype=np.uint64)
-    if hasattr(sampler, "steps"):
-        sampler.steps = int(state["steps"])
-
-
 def save_checkpoint(
     path: str | os.PathLike[str],
     *,
@@ -61,13 +47,13 @@ def save_checkpoint(
     counters: dict[str, Any],
     rng: np.random.Generator | None,
     sampler: TransitionSampler | None,
-    epsilon: float | None,
     meta: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """Write a checkpoint atomically (see the module docstring). ``extra``: more learner state (the
-    continuous learners' critics, targets, optimizers and schedule), stored as ``learner``."""
-    payload = policy_payload(q, epsilon=epsilon, step=int(counters.get("env_steps") or counters["updates"]), **meta)
+    """Write a checkpoint atomically (see the module docstring). ``meta``: the policy file's metadata
+    (``epsilon``: the acting loop's current ε, if any). ``extra``: more learner state (the continuous
+    learners' critics, targets, optimizers and schedule), stored as ``learner``."""
+    payload = policy_payload(q, step=int(counters.get("env_steps") or counters["updates"]), **meta)
     payload.update({
         "kind": "checkpoint",
         "target": None if target is None else {k: v.detach().cpu() for k, v in target.state_dict().items()},
@@ -77,7 +63,7 @@ def save_checkpoint(
         "rng_json": json.dumps(None if rng is None else rng.bit_generator.state),
         "rng_torch": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "sampler_json": json.dumps(None if sampler is None else sampler_state(sampler)),
+        "sampler_json": json.dumps(None if sampler is None else sampler.random_state()),
         "learner": extra,
     })
     save_torch_atomic(path, payload)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ..agent.envs import EnvSpec
 
 Algo = Literal["dqn", "bc", "cql", "td3bc", "iql"]
 
@@ -184,6 +187,14 @@ class TrainConfig:
     leaves the cores to the updates (and to the actors)."""
     prefetch: int = 2
     """Batches the loader prepares ahead."""
+
+    def env_spec(self) -> EnvSpec:
+        """The env an online run acts in, as its actors make it (:class:`mmreplay.agent.envs.EnvSpec`)."""
+        from ..agent.envs import EnvSpec
+
+        if self.env_id is None:
+            raise ValueError("`env_id` is needed: the env an online run acts in")
+        return EnvSpec(self.env_id, atari=self.atari or None, max_episode_steps=self.max_episode_steps)
 
 
 def target_update_interval_of(cfg: TrainConfig) -> int:

@@ -31,8 +31,6 @@ Every run has a directory (``run_dir``) with ``metrics.csv`` (and TensorBoard), 
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import math
 import time
@@ -41,24 +39,19 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from ..agent.evaluation import greedy_actions
-from ..agent.policy import FrameStack, QNetwork, epsilon_greedy, network_spec, save_policy
-from ._run import (
-    Batches,
-    Run,
-    TrainResult,
+from ..agent.policy import FrameStack, epsilon_greedy, save_policy
+from .batches import Batches, to_tensors
+from .learner import Learner, qnet_spec
+from .run import Run, TrainResult, next_multiple, save_result
+from .stores import (
     check_eval_env,
     count_actions,
     finish_training,
-    next_multiple,
-    save_result,
     offline_n_actions,
     open_store_for_env,
     record_training,
-    to_tensors,
 )
 from .checkpoint import restore_torch_rng
 
@@ -76,141 +69,6 @@ from .config import (  # noqa: F401
 )
 
 log = logging.getLogger(__name__)
-
-
-# -- ALGO LOGIC ---------------------------------------------------------------------------------------
-def qnet_spec(cfg: TrainConfig, schema: Any, n_actions: int) -> dict[str, Any]:
-    """The Q network a run trains for ``schema``'s observations (``network_spec`` of its config)."""
-    return network_spec(schema, n_actions, frame_stack=cfg.frame_stack, hidden=cfg.hidden, dueling=cfg.dueling,
-                        minatar=cfg.minatar)
-
-
-class Learner:
-    """The Q network, its target, the optimizer, and one gradient step of DQN, CQL or BC."""
-
-    def __init__(self, cfg: TrainConfig, spec: dict[str, Any], device: torch.device) -> None:
-        self.cfg = cfg
-        self.device = device
-        self.q = QNetwork(spec).to(device)
-        self.target = copy.deepcopy(self.q).requires_grad_(False) if cfg.algo != "bc" else None
-        # fused Adam: one kernel for every parameter (faster than the per-tensor loop for small nets; an ad-hoc
-        # timing, not re-measured by benchmarks/)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate, fused=True) if cfg.optimizer == "adam" \
-            else torch.optim.RMSprop(self.q.parameters(), lr=cfg.learning_rate, alpha=0.95, eps=0.01, momentum=0.95,
-                                     centered=True)  # the MinAtar paper's DQN (config.minatar_config)
-        self.q_fwd = torch.compile(self.q) if cfg.compile else self.q
-        self.target_fwd = torch.compile(self.target) if cfg.compile and self.target is not None else self.target
-        self.amp = cfg.amp and device.type == "cuda"
-        if cfg.amp and not self.amp:
-            log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
-        self.updates = 0
-        # (target, online) pairs of parameters, then of buffers (update_target)
-        self._pairs: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
-        self.target_every = target_update_interval_of(cfg)
-        # the losses and Q(s, a) of the updates since the last read_stats (no sync per update): kept, then
-        # summed 1,024 updates at a time into _sums (loss, Q) over _counts (updates, Q values)
-        self._losses: list[torch.Tensor] = []
-        self._qs: list[torch.Tensor] = []
-        self._sums = torch.zeros(2, device=device)
-        self._counts = [0, 0]
-
-    @property
-    def policy_net(self) -> QNetwork:
-        """The network a policy file holds and evaluation runs: the Q network."""
-        return self.q
-
-    def checkpoint_parts(self) -> dict[str, Any]:
-        """What ``Run.maybe_checkpoint`` writes: the Q network, its target and the optimizer."""
-        return {"q": self.q, "target": self.target, "optimizer": self.optimizer, "extra": None}
-
-    def autocast(self) -> Any:
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
-
-    def update(self, b: Any) -> torch.Tensor | None:
-        """One gradient step on a batch of tensors; returns the TD errors (``None`` for BC)."""
-        cfg = self.cfg
-        action = b.action.long().view(-1, 1)
-        td = None
-        with self.autocast():
-            q_all = self.q_fwd(b.obs).float()
-            q_sa = q_all.gather(1, action).squeeze(1)
-            if cfg.algo == "bc":
-                loss = F.cross_entropy(q_all, action.squeeze(1))
-            else:
-                with torch.no_grad():
-                    q_next_target = self.target_fwd(b.next_obs).float()
-                    if cfg.double:
-                        best = self.q_fwd(b.next_obs).argmax(dim=1, keepdim=True)
-                        q_next = q_next_target.gather(1, best).squeeze(1)
-                    else:
-                        q_next = q_next_target.max(dim=1).values
-                    if b.discount is not None:  # n-step / frame-stack views: gamma^m, 0 after termination
-                        y = b.reward.float() + b.discount.float() * q_next
-                    else:  # r + gamma * (1 - terminated) * q_next, as two ops
-                        y = b.reward.float().add(q_next.masked_fill_(b.terminated.bool(), 0.0), alpha=cfg.gamma)
-                if cfg.prioritized or b.weights is not None:  # TD errors for the priorities, importance weights
-                    td = q_sa - y
-                    per_sample = F.smooth_l1_loss(q_sa, y, reduction="none") if cfg.loss == "huber" else td.pow(2)
-                    if b.weights is not None:
-                        per_sample = per_sample * b.weights.float()
-                    loss = per_sample.mean()
-                else:  # one fused op (each small op costs a few us on the CPU)
-                    loss = F.smooth_l1_loss(q_sa, y) if cfg.loss == "huber" else F.mse_loss(q_sa, y)
-                if cfg.algo == "cql":  # push down Q of unseen actions, up Q of the data's
-                    loss = loss + cfg.cql_alpha * (torch.logsumexp(q_all, dim=1) - q_sa).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        self.updates += 1
-        if self.target is not None and self.updates % self.target_every == 0:
-            self.update_target()
-        self._losses.append(loss.detach())  # summed in blocks (no op per update beyond the detaches)
-        self._qs.append(q_sa.detach())
-        if len(self._losses) == 1024:
-            self._fold()
-        return None if td is None else td.detach()
-
-    def _fold(self) -> None:
-        """Add the kept losses and Q values to the sums (memory stays bounded however rarely stats are read)."""
-        if self._losses:
-            self._sums += torch.stack([torch.stack(self._losses).sum(), torch.cat(self._qs).sum()])
-            self._counts[0] += len(self._losses)
-            self._counts[1] += sum(len(x) for x in self._qs)
-            self._losses, self._qs = [], []
-
-    @torch.no_grad()
-    def update_target(self) -> None:
-        assert self.target is not None
-        if self._pairs is None:  # the tensors, gathered once (a state_dict walk per copy cost ~1 ms here)
-            self._pairs = ([*zip(self.target.parameters(), self.q.parameters())],
-                           [*zip(self.target.buffers(), self.q.buffers())])
-        params, buffers = self._pairs
-        if self.cfg.tau >= 1.0:
-            for t, p in (*params, *buffers):
-                t.copy_(p)
-        else:
-            for t, p in params:
-                t.lerp_(p, self.cfg.tau)
-
-    def read_stats(self) -> tuple[float | None, float | None]:
-        """Mean loss and mean Q(s, a) since the last call."""
-        self._fold()
-        n, m = self._counts
-        if not n:
-            return None, None
-        loss, q = self._sums.tolist()
-        self._sums.zero_()
-        self._counts = [0, 0]
-        return loss / n, q / m
-
-    def load(self, payload: dict[str, Any]) -> None:
-        self.q.load_state_dict(payload["state_dict"])
-        if self.target is not None and payload.get("target") is not None:
-            self.target.load_state_dict(payload["target"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.updates = int(payload["counters"]["updates"])
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -273,22 +131,11 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     envs = make_vec_env(cfg.env_id, cfg.num_envs, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
     store = open_store_for_env(cfg, envs)
     n_actions = count_actions(envs.single_action_space)
-    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
     # a round every `every` env steps: at most one per vector step (train_freq below num_envs: every
     # num_envs env steps, as SB3 and CleanRL train once per vector step). Env steps do not count
     # next-step autoreset lanes, so updates per env step do not depend on how often episodes end
     every = max(cfg.train_freq, cfg.num_envs)
-    total_updates = max(1, (cfg.steps - cfg.learning_starts) // every * cfg.gradient_steps)
-    sampler = run.make_sampler(store, total_updates, refresh_interval_s=None)  # refreshed below, not by the clock
-    rng = np.random.default_rng(cfg.seed)
-    if run.payload:
-        learner.load(run.payload)
-        rng.bit_generator.state = run.payload["rng"]
-        restore_torch_rng(run.payload)
-    # rows are published by the refresh before each training round; the writer's publisher thread
-    # (rows visible to other processes within the interval) wakes once a second, not every 5 ms:
-    # each wake takes the GIL from this loop (measured: ~2x the loop's wall at CleanRL's settings)
-    writer = store.writer(lanes=cfg.num_envs, cast="safe", publish_interval_s=1.0)
+    learner, sampler, rng, writer = _online_parts(cfg, run, store, n_actions, every)
     n = cfg.num_envs
     obs, _ = envs.reset(seed=cfg.seed + run.env_steps)
     stack = FrameStack(cfg.frame_stack) if cfg.frame_stack > 1 else None
@@ -343,23 +190,7 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
             # TRAIN: every train_freq env steps, gradient_steps updates on batches from the store
             if run.env_steps >= next_train:
                 next_train = next_multiple(run.env_steps, every)
-                # the rows written up to the last refresh can be drawn; a refresh every REFRESH_ROWS env steps
-                # or more (one per round at train_freq >= REFRESH_ROWS), at fixed steps: the run is
-                # reproducible (no directory listing: the writer's new segments are scanned for)
-                if run.env_steps - refreshed >= REFRESH_ROWS:
-                    store.refresh(scan=False)
-                    refreshed = run.env_steps
-                for _ in range(cfg.gradient_steps):
-                    t0 = time.perf_counter()
-                    b = sampler.sample(cfg.batch_size)
-                    t1 = time.perf_counter()
-                    td = learner.update(to_tensors(b, run.device))
-                    if cfg.prioritized and td is not None:
-                        sampler.update_priorities(b.ids, td.abs().cpu().numpy())
-                    run.updates += 1
-                    run.wait_s += t1 - t0
-                    run.busy_s += time.perf_counter() - t1
-                    run.profile_step()
+                refreshed = _train_round(cfg, run, store, sampler, learner, refreshed)
             run.maybe_log(learner, epsilon)
             stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or interrupted
             run.maybe_checkpoint(learner, sampler, rng, epsilon, writer=writer)
@@ -374,112 +205,66 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
         store.close()
 
 
+def _online_parts(cfg: TrainConfig, run: Run, store: Any, n_actions: int,
+                  every: int) -> tuple[Learner, Any, Any, Any]:
+    """The synchronous loop's learner, sampler and acting generator (restored from the checkpoint on
+    a resume), and its writer."""
+    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
+    total_updates = max(1, (cfg.steps - cfg.learning_starts) // every * cfg.gradient_steps)
+    sampler = run.make_sampler(store, total_updates, refresh_interval_s=None)  # refreshed by the loop, not the clock
+    rng = np.random.default_rng(cfg.seed)
+    if run.payload:
+        learner.load(run.payload)
+        rng.bit_generator.state = run.payload["rng"]
+        restore_torch_rng(run.payload)
+    # rows are published by the refresh before each training round; the writer's publisher thread
+    # (rows visible to other processes within the interval) wakes once a second, not every 5 ms:
+    # each wake takes the GIL from this loop (measured: ~2x the loop's wall at CleanRL's settings)
+    writer = store.writer(lanes=cfg.num_envs, cast="safe", publish_interval_s=1.0)
+    return learner, sampler, rng, writer
+
+
+def _train_round(cfg: TrainConfig, run: Run, store: Any, sampler: Any, learner: Learner, refreshed: int) -> int:
+    """One training round of the synchronous loop: ``gradient_steps`` updates on batches from the store.
+    Returns the env step of the last refresh. The rows written up to the last refresh can be drawn; a
+    refresh every REFRESH_ROWS env steps or more (one per round at train_freq >= REFRESH_ROWS), at fixed
+    steps: the run is reproducible (no directory listing: the writer's new segments are scanned for)."""
+    if run.env_steps - refreshed >= REFRESH_ROWS:
+        store.refresh(scan=False)
+        refreshed = run.env_steps
+    for _ in range(cfg.gradient_steps):
+        t0 = time.perf_counter()
+        b = sampler.sample(cfg.batch_size)
+        t1 = time.perf_counter()
+        td = learner.update(to_tensors(b, run.device))
+        if cfg.prioritized and td is not None:
+            sampler.update_priorities(b.ids, td.abs().cpu().numpy())
+        run.updates += 1
+        run.wait_s += t1 - t0
+        run.busy_s += time.perf_counter() - t1
+        run.profile_step()
+    return refreshed
+
+
 # -- online, actor processes ----------------------------------------------------------------------------
 def train_actors(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     """Actors in separate processes write the store; the learner samples it through a loader,
     publishes weights every ``publish_every`` updates, and keeps the samples-per-insert ratio."""
-    try:
-        from ..actors.pool import ActorPool
-    except ImportError as exc:
-        raise NotImplementedError("--actors needs mmreplay.ActorPool, which this install lacks") from exc
-    from ..agent.envs import make_env
-
-    probe = make_env(cfg.env_id, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
-    if cfg.ray is not None and cfg.segment_records is None:  # rows ship a sealed segment at a time: small ones
-        from ..cluster.driver import cluster_segment_records
-        from ..core.schema import Schema
-
-        cfg = replace(cfg, segment_records=cluster_segment_records(
-            Schema.from_spaces(probe.observation_space, probe.action_space), cfg.envs_per_actor))
-    run = Run(cfg, _run_dir(cfg))
-    n_actions = count_actions(probe.action_space)
-
-    class _Spaces:  # what _open_store_for_env reads from a vector env
-        single_observation_space = probe.observation_space
-        single_action_space = probe.action_space
-
-    store = open_store_for_env(cfg, _Spaces)
-    probe.close()
-    try:
-        prov = record_training(store, cfg, run.dir, shared=cfg.shared_store)
-    except BaseException:
-        store.close()
-        raise
+    cfg, run, store, prov, n_actions = _actors_setup(cfg)
     learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
-    total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
-    spi = cfg.samples_per_insert or cfg.batch_size * cfg.gradient_steps / cfg.train_freq
     if run.payload:
         learner.load(run.payload)
         restore_torch_rng(run.payload)
-    decay = cfg.exploration_fraction * cfg.steps
     policy_path = run.dir / "actor_policy.pt"
-    epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+    epsilon = linear_schedule(cfg.start_e, cfg.end_e, cfg.exploration_fraction * cfg.steps, run.env_steps)
     save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
-    store_path = str(store.path)
     base_rows = run.env_steps  # env steps of earlier sessions (the pool counts its own)
-    if cfg.ray is not None:  # Ray actors on any node; rows come back through archives, weights through Ray
-        from ..cluster.driver import RayActorPool
-
-        pool: Any = RayActorPool(cfg.env_id, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
-                                 policy_path=str(policy_path), seed=cfg.seed + run.env_steps,
-                                 atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps,
-                                 address=None if cfg.ray == "local" else cfg.ray, archive_url=cfg.ray_archive)
-    else:
-        pool = ActorPool(cfg.env_id, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
-                         policy_path=str(policy_path), seed=cfg.seed + run.env_steps, atari=cfg.atari or None,
-                         max_episode_steps=cfg.max_episode_steps, run=prov)
-    slack = max(cfg.train_freq, cfg.actors * cfg.envs_per_actor * 4)
-
-    warmup = max(cfg.learning_starts - base_rows, 0)
-
-    def allowed(updates: int) -> int:  # env steps the actors may have stored for this many updates
-        return warmup + math.ceil(updates * cfg.batch_size / spi) + slack
-
+    pool = _actor_pool(cfg, run, str(store.path), str(policy_path), prov)
     seen = [0]  # episodes of this session's pool already counted
     pool.start()  # the actors load the policy file written above
-    pool.allow(allowed(0))
-    sampler = None
-    stopped = False
     try:
-        while pool.env_steps < max(warmup, 1) and not (stop is not None and stop.stop_requested):  # warm-up
-            time.sleep(0.01)
-            pool.check()
-            _take_returns(run, pool, seen)
-        store.refresh()
-        sampler = run.make_sampler(store, total_updates)
-        session_updates = 0
-        batches = Batches(sampler, cfg, run.device)
-        run.start_clock()
-        try:
-            while run.env_steps < cfg.steps and not stopped:
-                # RATE LIMIT: at most samples_per_insert sampled transitions per inserted one
-                while (session_updates + 1) * cfg.batch_size > spi * (pool.env_steps - warmup + slack) and \
-                        base_rows + pool.env_steps < cfg.steps:
-                    time.sleep(0.0005)
-                    pool.check()
-                if batches.loader is None and session_updates % 16 == 0:
-                    store.refresh(scan=False)  # the actors' newest rows (new segments: every second)
-                b = batches.next()
-                td = learner.update(b)
-                if cfg.prioritized and td is not None:
-                    batches.update_priorities(b.ids, td.abs())
-                session_updates += 1
-                run.updates += 1
-                pool.allow(allowed(session_updates))
-                run.env_steps = base_rows + pool.env_steps
-                epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
-                if session_updates % cfg.publish_every == 0:  # PUBLISH: atomic file, actors reload it
-                    save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
-                run.profile_step()
-                if run.step >= run.next_log:  # the actors' episode returns are read here only (a queue poll)
-                    _take_returns(run, pool, seen)
-                    run.maybe_log(learner, epsilon, data_wait=batches.wait_fraction())
-                stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or (stop is not None
-                                                                                  and stop.stop_requested)
-                run.maybe_checkpoint(learner, None, None, epsilon)
-            data_wait = batches.total_wait_fraction()
-        finally:
-            batches.close()
+        stopped, epsilon, data_wait = _learn_from_actors(cfg, run, store, pool, learner, stop, policy_path,
+                                                         base_rows, seen)
         run.env_steps = base_rows + pool.env_steps
         _take_returns(run, pool, seen)
     finally:
@@ -494,6 +279,109 @@ def train_actors(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     finally:
         finish_training(store, prov, status, run.env_steps, [])  # (the actors recorded the steps they cut)
         store.close()
+
+
+def _actors_setup(cfg: TrainConfig) -> tuple[TrainConfig, Run, Any, str, int]:
+    """The actor loop's config (small segments when rows ship through Ray), run, store (opened or
+    created from a probe env's spaces), provenance record and number of actions."""
+    from ..agent.envs import make_env
+
+    probe = make_env(cfg.env_id, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
+    if cfg.ray is not None and cfg.segment_records is None:  # rows ship a sealed segment at a time: small ones
+        from ..cluster import cluster_segment_records
+        from ..core.schema import Schema
+
+        cfg = replace(cfg, segment_records=cluster_segment_records(
+            Schema.from_spaces(probe.observation_space, probe.action_space), cfg.envs_per_actor))
+    run = Run(cfg, _run_dir(cfg))
+    n_actions = count_actions(probe.action_space)
+
+    class _Spaces:  # what open_store_for_env reads from a vector env
+        single_observation_space = probe.observation_space
+        single_action_space = probe.action_space
+
+    store = open_store_for_env(cfg, _Spaces)
+    probe.close()
+    try:
+        prov = record_training(store, cfg, run.dir, shared=cfg.shared_store)
+    except BaseException:
+        store.close()
+        raise
+    return cfg, run, store, prov, n_actions
+
+
+def _actor_pool(cfg: TrainConfig, run: Run, store_path: str, policy_path: str, prov: str) -> Any:
+    """The actors: an ActorPool of local processes, or (``ray``) a RayActorPool whose rows come back
+    through archives and weights through Ray."""
+    env = cfg.env_spec()
+    if cfg.ray is not None:
+        from ..cluster import RayActorPool, ShipSpec
+
+        return RayActorPool(env, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
+                            policy_path=policy_path, seed=cfg.seed + run.env_steps,
+                            ship=ShipSpec(cfg.ray_archive, address=None if cfg.ray == "local" else cfg.ray))
+    from ..actors import ActorPool
+
+    return ActorPool(env, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
+                     policy_path=policy_path, seed=cfg.seed + run.env_steps, run=prov)
+
+
+def _learn_from_actors(cfg: TrainConfig, run: Run, store: Any, pool: Any, learner: Learner, stop: Any,
+                       policy_path: Any, base_rows: int, seen: list[int]) -> tuple[bool, float, float]:
+    """The actor loop's learner: wait for ``learning_starts`` rows, then update within the
+    samples-per-insert limit, publishing the weights every ``publish_every`` updates. Returns whether
+    it stopped early, the last epsilon and the share of time spent waiting for batches."""
+    total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
+    spi = cfg.samples_per_insert or cfg.batch_size * cfg.gradient_steps / cfg.train_freq
+    decay = cfg.exploration_fraction * cfg.steps
+    epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+    slack = max(cfg.train_freq, cfg.actors * cfg.envs_per_actor * 4)
+    warmup = max(cfg.learning_starts - base_rows, 0)
+
+    def allowed(updates: int) -> int:  # env steps the actors may have stored for this many updates
+        return warmup + math.ceil(updates * cfg.batch_size / spi) + slack
+
+    pool.allow(allowed(0))
+    while pool.env_steps < max(warmup, 1) and not (stop is not None and stop.stop_requested):  # warm-up
+        time.sleep(0.01)
+        pool.check()
+        _take_returns(run, pool, seen)
+    store.refresh()
+    sampler = run.make_sampler(store, total_updates)
+    session_updates = 0
+    stopped = False
+    batches = Batches(sampler, cfg, run.device)
+    run.start_clock()
+    try:
+        while run.env_steps < cfg.steps and not stopped:
+            # RATE LIMIT: at most samples_per_insert sampled transitions per inserted one
+            while (session_updates + 1) * cfg.batch_size > spi * (pool.env_steps - warmup + slack) and \
+                    base_rows + pool.env_steps < cfg.steps:
+                time.sleep(0.0005)
+                pool.check()
+            if batches.loader is None and session_updates % 16 == 0:
+                store.refresh(scan=False)  # the actors' newest rows (new segments: every second)
+            b = batches.next()
+            td = learner.update(b)
+            if cfg.prioritized and td is not None:
+                batches.update_priorities(b.ids, td.abs())
+            session_updates += 1
+            run.updates += 1
+            pool.allow(allowed(session_updates))
+            run.env_steps = base_rows + pool.env_steps
+            epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+            if session_updates % cfg.publish_every == 0:  # PUBLISH: atomic file, actors reload it
+                save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
+            run.profile_step()
+            if run.step >= run.next_log:  # the actors' episode returns are read here only (a queue poll)
+                _take_returns(run, pool, seen)
+                run.maybe_log(learner, epsilon, data_wait=batches.wait_fraction())
+            stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or (stop is not None
+                                                                              and stop.stop_requested)
+            run.maybe_checkpoint(learner, None, None, epsilon)
+        return stopped, epsilon, batches.total_wait_fraction()
+    finally:
+        batches.close()
 
 
 def _take_returns(run: Run, pool: Any, seen: list[int]) -> None:

@@ -381,3 +381,32 @@ def test_collect_summary_says_when_a_full_disk_evicted(tmp_path):
     r = CliRunner().invoke(main, ["collect", "CartPole-v1", "--store", str(path), "--steps", "100", "--workers", "0"])
     assert r.exit_code == 0, r.output
     assert "the disk was full: 1 segment(s) were evicted" in r.output
+
+
+def test_the_specs_are_checked_when_made_and_collect_is_their_keyword_form(tmp_path):
+    """A run is described once (EnvSpec, WriterSpec, CollectSpec: frozen, picklable, checked when
+    made, errors naming the field); ``collect``'s keywords build the same run ``run_collect`` takes."""
+    import pickle
+
+    from mmreplay.actors import CollectSpec, EnvSpec, WriterSpec, run_collect
+
+    with pytest.raises(ValueError, match="steps"):
+        CollectSpec(0)
+    with pytest.raises(ValueError, match="envs_per_worker"):
+        CollectSpec(10, envs_per_worker=0)
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        EnvSpec("CartPole-v1", autoreset_mode="sometimes")
+    with pytest.raises(ValueError, match="durability"):
+        WriterSpec(str(tmp_path / "x"), durability="never")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="policy"):
+        CollectSpec(10, policy="greedy")
+    run = CollectSpec(64, workers=0, envs_per_worker=2, policy="random", seed=3, progress=False)
+    assert run.policy == PolicySpec() and pickle.loads(pickle.dumps(run)) == run
+    assert run.shares() == [64] and CollectSpec(7, workers=3).shares() == [3, 2, 2]
+    env = EnvSpec("CartPole-v1", max_episode_steps=20)
+    a = run_collect(env, WriterSpec(tmp_path / "a", segment_records=64), run)  # type: ignore[arg-type]
+    b = collect("CartPole-v1", tmp_path / "b", 64, workers=0, envs_per_worker=2, seed=3, progress=False,
+                max_episode_steps=20, segment_records=64)
+    assert a.steps == b.steps == 64 and a.episodes == b.episodes > 0
+    with mmreplay.open_store(tmp_path / "a") as sa, mmreplay.open_store(tmp_path / "b") as sb:
+        assert _stored(sa) == _stored(sb) and sa.metadata["env_id"] == "CartPole-v1"

@@ -47,3 +47,29 @@ def test_python_dash_m_and_help_does_not_import_torch():
     code = "import sys, runpy; sys.argv=['mmreplay','--help']\ntry:\n runpy.run_module('mmreplay', run_name='__main__')\nexcept SystemExit: pass\nprint('TORCH' if 'torch' in sys.modules else 'NOTORCH')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "Usage: mmreplay" in out.stdout and "NOTORCH" in out.stdout
+
+
+def test_collect_and_train_read_their_options_in_one_spec_builder(tmp_path):
+    """``mmreplay collect`` builds its EnvSpec, WriterSpec, CollectSpec (and ShipSpec with --ray) in
+    one place from the parsed options; ``mmreplay train`` its TrainConfig."""
+    from mmreplay.cli.collect import collect_cmd, collect_specs
+    from mmreplay.cli.train import train_cmd, train_config
+
+    store = str(tmp_path / "s")
+    ctx = collect_cmd.make_context("collect", ["CartPole-v1", "--store", store, "--steps", "10", "--autoreset",
+                                               "same-step", "--max-episode-steps", "50", "--workers", "0", "--ray",
+                                               "--policy", "eps-greedy:p.pt:0.3", "--durability", "batch"])
+    opts = dict(ctx.params)
+    env, writer, run, ship = collect_specs(opts.pop("env_id"), opts)
+    assert (env.env, env.autoreset_mode, env.max_episode_steps) == ("CartPole-v1", "same_step", 50)
+    assert (writer.store, writer.durability, writer.segment_records) == (store, "batch", None)
+    assert run.workers == 1 and run.steps == 10 and run.policy.epsilon == 0.3  # --ray: at least one actor
+    assert ship is not None and ship.archive_url == store + ".archive" and ship.address is None
+    ctx = collect_cmd.make_context("collect", ["CartPole-v1", "--store", store, "--steps", "10", "--workers", "0"])
+    opts = dict(ctx.params)
+    assert collect_specs(opts.pop("env_id"), opts)[3] is None
+    ctx = train_cmd.make_context("train", ["ALE/Pong-v5", "--atari", "--store", store, "--steps", "100"])
+    opts = dict(ctx.params)
+    opts.pop("quiet")
+    cfg = train_config(opts.pop("env_id"), opts)
+    assert cfg.atari and cfg.batch_size == 32 and cfg.steps == 100 and cfg.env_spec().atari

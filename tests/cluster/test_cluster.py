@@ -279,7 +279,7 @@ def test_ray_pool_survives_a_killed_actor_and_ships_weights(tmp_path, ray_local)
     from _cluster_envs import CounterEnv, counter_env
 
     from mmreplay.agent import QNetwork, network_spec, save_policy
-    from mmreplay.cluster import RayActorPool
+    from mmreplay.cluster import RayActorPool, ShipSpec
 
     schema = mmreplay.Schema.from_spaces(CounterEnv.observation_space, CounterEnv.action_space)
     mmreplay.create_store(tmp_path / "learner", schema, segment_records=64).close()
@@ -288,8 +288,8 @@ def test_ray_pool_survives_a_killed_actor_and_ships_weights(tmp_path, ray_local)
     save_policy(policy, net, epsilon=0.5)
     root = tmp_path / "archive"
     pool = RayActorPool(counter_env, tmp_path / "learner", actors=2, envs_per_actor=2, policy_path=policy,
-                        local_dir=str(tmp_path / "local"), archive_url=root, export_s=0.2, ingest_s=0.1,
-                        max_restarts=2)
+                        ship=ShipSpec(root, local_dir=str(tmp_path / "local"), export_s=0.2, ingest_s=0.1,
+                                      max_restarts=2))
 
     def steps(i):
         try:

@@ -284,3 +284,110 @@ def test_every_room_is_packaged():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     rooms = {"mmreplay." + p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
     assert rooms | {"mmreplay", "mmreplay.cli"} <= listed, sorted(rooms - listed)
+
+
+# -- the upper floors: actors, cluster, train, agent and the CLI ------------------------------------------
+UPPER = [PKG / "actors", PKG / "cluster", PKG / "train", PKG / "agent", ROOT / "cli"]
+MAX_PARAMS = 10
+MAX_LINES = 80
+WRAPPERS = {("actors/pool.py", "collect"), ("cluster/driver.py", "ray_collect")}
+"""The public keyword conveniences the README shows: their keywords are the fields of the specs they
+build (any number), their bodies at most 15 lines."""
+
+
+def _functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            if params and params[0].arg in ("self", "cls"):
+                params = params[1:]
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            lines = body[-1].end_lineno - body[0].lineno + 1 if body else 0
+            yield node.name, len(params), lines
+
+
+def test_no_long_function_or_parameter_list_on_the_upper_floors():
+    """No function of actors/, cluster/, train/, agent/ or cli/ takes more than 10 parameters or runs
+    over ~80 lines (docstring aside): a run is described by typed specs (EnvSpec, WriterSpec,
+    CollectSpec, ShipSpec, TrainConfig) passed whole, and the click commands read their options in
+    one spec builder."""
+    bad = []
+    for room in UPPER:
+        for p in sorted(room.rglob("*.py")):
+            rel = str(p.relative_to(PKG if p.is_relative_to(PKG) else ROOT))
+            for name, params, lines in _functions(p):
+                if (rel, name) in WRAPPERS:
+                    if lines > 15:
+                        bad.append(f"{rel}: {name} is a keyword wrapper of {lines} lines (at most 15)")
+                    continue
+                if params > MAX_PARAMS:
+                    bad.append(f"{rel}: {name} takes {params} parameters (at most {MAX_PARAMS})")
+                if lines > MAX_LINES:
+                    bad.append(f"{rel}: {name} runs {lines} lines (at most {MAX_LINES})")
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_train_room_has_no_circle_even_counting_type_only_imports():
+    """config < checkpoint, runlog, batches, stores, learner, continuous < run < loops: a type-only
+    import back up is a circle too (the run state, the learner and the batch source each in a module
+    named after it)."""
+    modules = _modules()
+    train = {m: p for m, p in modules.items() if _room(m) == "train" and m != "mmreplay.train"}
+    graph = {m: {t for t in _all_imports(p, m, modules) if t in train} for m, p in train.items()}
+    assert _circles(graph) == [], "import circles in train/:\n" + "\n".join(" <-> ".join(c) for c in _circles(graph))
+    for name in ("learner", "run", "batches"):
+        assert f"mmreplay.train.{name}" in train, f"train/{name}.py is missing"
+    text = {m.rsplit(".", 1)[1]: p.read_text() for m, p in train.items()}
+    assert "class Learner" in text["learner"] and "class Batches" in text["batches"]
+    assert "class Run" in text["run"] and "class TrainResult" in text["run"]
+
+
+def test_cluster_uses_only_the_public_names_of_actors():
+    """``cluster`` imports ``mmreplay.actors`` (the package), names in its ``__all__``, never one of
+    its modules or a ``_private`` name; and ``actors`` reaches no ``_private`` name of ``agent``."""
+    import mmreplay.actors as actors
+
+    public = set(actors.__all__)
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        room = _room(name)
+        if room not in ("cluster", "actors"):
+            continue
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            mod = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else (node.module or "")
+            names = [a.name for a in node.names]
+            if room == "cluster" and mod.startswith("mmreplay.actors"):
+                if mod != "mmreplay.actors":
+                    bad.append(f"{name}: from {mod} import {', '.join(names)} (import from mmreplay.actors)")
+                bad += [f"{name}: {n} is not in mmreplay.actors.__all__" for n in names if n not in public]
+            if room == "actors" and mod.startswith("mmreplay.agent"):
+                bad += [f"{name}: from {mod} import {n}" for n in names if n.startswith("_")]
+    assert bad == [], "\n".join(bad)
+
+
+def test_room_docstrings_name_every_module_of_their_room():
+    for room in ("actors", "cluster", "train", "agent"):
+        doc = ast.get_docstring(ast.parse((PKG / room / "__init__.py").read_text())) or ""
+        missing = [p.stem for p in sorted((PKG / room).glob("*.py")) if p.stem != "__init__" and f"``{p.stem}``" not in doc]
+        assert missing == [], f"{room}/__init__.py does not name its modules {missing}"
+
+
+def test_one_meaning_per_exported_name():
+    """A name exported by two rooms (or a room and the facade) is the same object in both: no two
+    different things called ``Policy`` or ``open_or_create``."""
+    import importlib
+
+    seen: dict[str, list[tuple[str, object]]] = {}
+    for room in ["mmreplay", *(f"mmreplay.{r}" for r in ORDER if (PKG / r / "__init__.py").exists())]:
+        mod = importlib.import_module(room)
+        for n in getattr(mod, "__all__", []):
+            seen.setdefault(n, []).append((room, getattr(mod, n)))
+    clashes = [f"{n}: {', '.join(r for r, _ in found)}" for n, found in seen.items()
+               if len({id(o) for _, o in found}) > 1]
+    assert clashes == [], "names with two meanings:\n" + "\n".join(clashes)

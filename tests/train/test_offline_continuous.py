@@ -20,7 +20,7 @@ import mmreplay  # noqa: E402
 from mmreplay.agent import load_policy  # noqa: E402
 from mmreplay.cli.main import main  # noqa: E402
 from mmreplay.train import continuous_config, read_metrics, resume_config, train  # noqa: E402
-from mmreplay.train import _run  # noqa: E402
+from mmreplay.train.run import Run  # noqa: E402
 
 SMALL = dict(hidden=(32, 32), batch_size=32, eval_every=0, eval_episodes=1, log_every=50, tensorboard=False,
              checkpoint_every=100)
@@ -61,17 +61,17 @@ def test_resume_makes_the_same_updates(pendulum, tmp_path, monkeypatch, algo):
     assert pol.meta["algo"] == algo and full.final_return is not None
 
     # the same run killed right after its checkpoint at update 100, then resumed
-    real = _run.Run.maybe_checkpoint
+    real = Run.maybe_checkpoint
 
     def crash(self, *args, **kw):
         real(self, *args, **kw)
         if self.step == 100:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(_run.Run, "maybe_checkpoint", crash)
+    monkeypatch.setattr(Run, "maybe_checkpoint", crash)
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(pendulum, tmp_path / "cut", algo))
-    monkeypatch.setattr(_run.Run, "maybe_checkpoint", real)
+    monkeypatch.setattr(Run, "maybe_checkpoint", real)
     resumed = train(resume_config(tmp_path / "cut"))
     assert resumed.updates == 200
     want = torch.load(tmp_path / "full" / "policy.pt", weights_only=True)["state_dict"]

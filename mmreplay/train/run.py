@@ -1,5 +1,6 @@
-"""Run bookkeeping for ``mmreplay.train``: the run directory, samplers, batches, metrics,
-evaluations and checkpoints, kept out of the training loops so that they read top to bottom.
+"""The run's state (:class:`Run`) and what it did (:class:`TrainResult`): the run directory, the
+counters, the sampler, metrics, evaluations and checkpoints on schedule, kept out of the training
+loops so that they read top to bottom.
 
 Invariants kept here:
 
@@ -9,9 +10,7 @@ Invariants kept here:
 * training time excludes set-up (imports, compilation, store creation) and evaluations, in every
   loop and in ``mmreplay``'s benchmarks alike;
 * priorities (prioritized replay) are saved in the store *before* the checkpoint that counts on
-  them is written, and both writes are atomic;
-* the synchronous loop draws batches in its own thread (``Batches`` without a loader), so a seeded
-  run is reproducible; the offline and actor loops may use a ``BatchLoader`` thread.
+  them is written, and both writes are atomic.
 """
 
 from __future__ import annotations
@@ -28,17 +27,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..agent.policy import save_policy
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, restore_sampler, save_checkpoint
 from ..agent.evaluation import evaluate
+from ..agent.policy import save_policy
+from .batches import pick_device
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .runlog import RunLog
 
 if TYPE_CHECKING:
     from ..sampling.uniform import TransitionSampler
-    from ..storage import ReplayStore
-    from .loops import Learner, TrainConfig
-    from ..storage import TransitionBatch
-    from ..storage import Writer
+    from ..storage import ReplayStore, Writer
+    from .config import TrainConfig
+    from .learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -69,69 +68,6 @@ class TrainResult:
     marked the episodes it cut, and wrote a checkpoint (``--resume`` continues from it)."""
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def to_tensors(b: TransitionBatch, device: torch.device) -> Any:
-    """A numpy batch as a ``TensorBatch`` on ``device`` (no copy on the CPU), ``extra`` fields
-    included: ``mmreplay.loader.tensor_batch``, the builder ``BatchLoader`` uses too."""
-    from ..loader import tensor_batch
-
-    return tensor_batch(b, device)
-
-
-class Batches:
-    """The learner's batches: from a ``BatchLoader`` thread, or drawn in the calling thread.
-
-    Either way ``update_priorities`` reaches the sampler before its next draw (through the
-    loader's queue), and ``wait_fraction`` is the share of the learner's time spent getting
-    batches since the last call."""
-
-    def __init__(self, sampler: TransitionSampler, cfg: TrainConfig, device: torch.device) -> None:
-        from ..loader import BatchLoader
-
-        use = cfg.loader if cfg.loader is not None else device.type == "cuda"
-        self.sampler, self.batch_size, self.device = sampler, cfg.batch_size, device
-        self.loader = BatchLoader(sampler, cfg.batch_size, device=device, prefetch=cfg.prefetch,
-                                  profile=True) if use else None
-        self._it = iter(self.loader) if self.loader is not None else None
-        self.wait_s = self.busy_s = 0.0
-        self._handed: float | None = None
-        self._seen = (0.0, 0.0)
-
-    def next(self) -> Any:
-        t0 = time.perf_counter()
-        if self._handed is not None:
-            self.busy_s += t0 - self._handed
-        b = next(self._it) if self._it is not None else to_tensors(self.sampler.sample(self.batch_size), self.device)
-        self._handed = time.perf_counter()
-        self.wait_s += self._handed - t0
-        return b
-
-    def update_priorities(self, ids: np.ndarray, td: torch.Tensor) -> None:
-        if self.loader is not None:
-            self.loader.update_priorities(ids, td)
-        else:
-            self.sampler.update_priorities(ids, td.cpu().numpy())  # type: ignore[attr-defined]
-
-    def wait_fraction(self) -> float:
-        w, b = self.wait_s - self._seen[0], self.busy_s - self._seen[1]
-        self._seen = (self.wait_s, self.busy_s)
-        return w / (w + b) if w + b > 0 else 0.0
-
-    def total_wait_fraction(self) -> float:
-        t = self.wait_s + self.busy_s
-        return self.wait_s / t if t > 0 else 0.0
-
-    def close(self) -> None:
-        if self.loader is not None:
-            self.loader.close()
-
-
-# -- the run: directory, sampler, logging, evaluation, checkpoints ------------------------------------
 class Run:
     """Bookkeeping shared by the loops (kept out of them so they read top to bottom)."""
 
@@ -234,7 +170,7 @@ class Run:
             sampler = UniformSampler(store, seed=c.seed, refresh_interval_s=refresh, n_step=c.n_step, gamma=c.gamma,
                                      frame_stack=c.frame_stack, mode=c.sampler_mode, cache_bytes=c.cache_bytes)
         if self.payload and self.payload.get("sampler"):
-            restore_sampler(sampler, self.payload["sampler"])
+            sampler.set_random_state(self.payload["sampler"])
         load_kernels()  # set-up, before the clock starts (the first sample would import them)
         return sampler
 
@@ -311,7 +247,7 @@ class Run:
         counters = {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                     "time_s": self.wall_s, "cpu_s": self.cpu_s, "best_eval": self.best, "evals": self.evals}
         save_checkpoint(self.dir / CHECKPOINT_NAME, **learner.checkpoint_parts(), config=asdict(self.cfg),
-                        counters=counters, rng=rng, sampler=sampler, epsilon=epsilon, meta=self.meta())
+                        counters=counters, rng=rng, sampler=sampler, meta={**self.meta(), "epsilon": epsilon})
 
     def profile_step(self) -> None:
         """Profile updates 10..30 of this session when ``profile`` is set (trace in run_dir/profile)."""
@@ -384,117 +320,3 @@ def _read_rates(run_dir: Path) -> dict[str, float]:
     online = bool(np.nan_to_num(m["steps_per_s"]).max(initial=0) > 0)
     return {"steps_per_s": steps / span if span > 0 and online else 0.0, "updates_per_s": ups,
             "data_wait": float(wait.mean()) if len(wait) else 0.0}
-
-
-def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:
-    """Open the run's store for appending, creating it from the env's spaces if missing
-    (:func:`mmreplay.storage.open_or_create` and its one compatibility rule)."""
-    from ..agent.envs import spaces_to_json
-    from ..core.schema import Schema
-    from ..storage import open_or_create
-
-    schema = Schema.from_spaces(envs.single_observation_space, envs.single_action_space)
-    meta = {"env_id": cfg.env_id, "atari": cfg.atari, "source": "mmreplay train",
-            **spaces_to_json(envs.single_observation_space, envs.single_action_space)}
-    writers = max(cfg.actors, 1)
-    return open_or_create(cfg.store, schema, cfg.capacity, segment_records=cfg.segment_records, metadata=meta,
-                          new_segment_records=replay_segment_records(schema, cfg.capacity, writers),
-                          what=str(cfg.env_id), writers=writers)
-
-
-
-
-def record_training(store: ReplayStore, cfg: TrainConfig, run_dir: Path, *, shared: bool = False) -> str:
-    """Record this online run in the store's provenance (``kind: "train"``, running), after making
-    sure no other online trainer is training from the store (``TrainingBusyError``-like
-    ``ValueError`` naming it, unless ``shared``: two trainers writing into and sampling from one
-    store is a mistake unless meant). Returns the record's name (``finish_training`` updates it)."""
-    import os
-    import socket
-
-    others = [r for r in store.provenance() if r.get("kind") == "train" and r.get("status") == "running"]
-    if others and not shared:
-        o = others[-1]
-        raise ValueError(f"{store.path} is being trained from by another run ({o.get('run_dir', o['name'])}, pid "
-                         f"{o.get('pid')}); two online trainers on one store both write and sample it "
-                         "(pass --shared-store if that is meant, or use another --store)")
-    return store.record_provenance({"kind": "train", "status": "running", "env_id": cfg.env_id, "seed": cfg.seed,
-                                    "policy": cfg.algo, "run_dir": str(run_dir), "pid": os.getpid(),
-                                    "host": socket.gethostname(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                              time.gmtime())})
-
-
-def finish_training(store: ReplayStore, name: str, status: str, steps: int, cut_rows: list[int]) -> None:
-    """How an online run ended, in its provenance record (``record_training``)."""
-    import contextlib
-
-    recs = {r["name"]: r for r in store.provenance()}
-    rec = {k: v for k, v in recs.get(name, {}).items() if k not in ("name", "workers")}
-    rec.update(status=status, steps_stored=int(steps), cut_rows=[int(i) for i in cut_rows if i >= 0],
-               finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    with contextlib.suppress(Exception):  # a record, never a reason to fail a run
-        store.record_provenance(rec, name)
-
-
-def replay_segment_records(schema: Any, capacity: int, writers: int) -> int:
-    """Rows per segment of a store a training run creates (no ``segment_records`` given): storage's
-    sizing rule for a replay memory (``mmreplay.storage.segment_records_for(use="replay")``)."""
-    from ..storage import segment_records_for
-
-    return segment_records_for(schema, capacity, writers, use="replay")
-
-
-def count_actions(space: Any) -> int:
-    n = getattr(space, "n", None)
-    if n is None:
-        raise ValueError(f"DQN needs a Discrete action space, got {space!r}")
-    return int(n)
-
-
-def check_eval_env(store: ReplayStore, eval_env: str | None, cfg: TrainConfig) -> None:
-    """A ``ValueError`` (one line) when the eval env's observations or actions do not fit the store's:
-    found before anything starts (else a shape error deep in the first evaluation)."""
-    if not eval_env:
-        return
-    from ..agent.envs import make_env
-    from ..core.schema import Schema
-
-    env = make_env(eval_env, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
-    try:
-        want = Schema.from_spaces(env.observation_space, env.action_space)
-    finally:
-        env.close()
-    have = store.schema
-    bad = []
-    for f in want.fields:
-        if f.name in ("reward", "terminated", "truncated"):
-            continue
-        if f.name not in have:
-            bad.append(f"{f.name} is not in the store (its fields: {', '.join(have.names)})")
-        elif tuple(have[f.name].shape) != tuple(f.shape) or have[f.name].dtype.kind != f.dtype.kind:
-            bad.append(f"{f.name}: the env gives {f.dtype}{tuple(f.shape)}, the store holds "
-                       f"{have[f.name].dtype}{tuple(have[f.name].shape)}")
-    extra = [n for n in have.obs_names if n not in want.obs_names]
-    if extra:
-        bad.append(f"the store's {', '.join(extra)} are not the env's observations")
-    if bad:
-        raise ValueError(f"--eval-env {eval_env} does not fit the store {store.path}: {'; '.join(bad)}")
-
-
-def offline_n_actions(store: ReplayStore, eval_env: str | None, cfg: TrainConfig) -> int:
-    """From the eval env's action space, else the largest action in the store plus one."""
-    if eval_env:
-        from ..agent.envs import make_env
-
-        env = make_env(eval_env, atari=cfg.atari or None)
-        try:
-            return count_actions(env.action_space)
-        finally:
-            env.close()
-    store.refresh()
-    ids = store.transition_ids()
-    if len(ids) == 0:
-        from ..core.errors import EmptyStoreError
-
-        raise EmptyStoreError(f"{store.path} has no transitions to train from")
-    return int(store.rows("action", ids).max()) + 1

@@ -1,0 +1,83 @@
+"""The learner's batch source (:class:`Batches`): from a ``BatchLoader`` thread, or drawn in the
+calling thread; the device a run trains on (:func:`pick_device`) and numpy batches as tensors
+(:func:`to_tensors`).
+
+Invariants: ``update_priorities`` reaches the sampler before its next draw (through the loader's
+queue when there is one); the synchronous loop draws in its own thread (no loader), so a seeded
+run is reproducible; the wait fractions count only the time spent getting batches.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ..sampling.uniform import TransitionSampler
+    from ..storage import TransitionBatch
+    from .config import TrainConfig
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def to_tensors(b: TransitionBatch, device: torch.device) -> Any:
+    """A numpy batch as a ``TensorBatch`` on ``device`` (no copy on the CPU), ``extra`` fields
+    included: ``mmreplay.loader.tensor_batch``, the builder ``BatchLoader`` uses too."""
+    from ..loader import tensor_batch
+
+    return tensor_batch(b, device)
+
+
+class Batches:
+    """The learner's batches: from a ``BatchLoader`` thread, or drawn in the calling thread.
+
+    Either way ``update_priorities`` reaches the sampler before its next draw (through the
+    loader's queue), and ``wait_fraction`` is the share of the learner's time spent getting
+    batches since the last call."""
+
+    def __init__(self, sampler: TransitionSampler, cfg: TrainConfig, device: torch.device) -> None:
+        from ..loader import BatchLoader
+
+        use = cfg.loader if cfg.loader is not None else device.type == "cuda"
+        self.sampler, self.batch_size, self.device = sampler, cfg.batch_size, device
+        self.loader = BatchLoader(sampler, cfg.batch_size, device=device, prefetch=cfg.prefetch,
+                                  profile=True) if use else None
+        self._it = iter(self.loader) if self.loader is not None else None
+        self.wait_s = self.busy_s = 0.0
+        self._handed: float | None = None
+        self._seen = (0.0, 0.0)
+
+    def next(self) -> Any:
+        t0 = time.perf_counter()
+        if self._handed is not None:
+            self.busy_s += t0 - self._handed
+        b = next(self._it) if self._it is not None else to_tensors(self.sampler.sample(self.batch_size), self.device)
+        self._handed = time.perf_counter()
+        self.wait_s += self._handed - t0
+        return b
+
+    def update_priorities(self, ids: np.ndarray, td: torch.Tensor) -> None:
+        if self.loader is not None:
+            self.loader.update_priorities(ids, td)
+        else:
+            self.sampler.update_priorities(ids, td.cpu().numpy())  # type: ignore[attr-defined]
+
+    def wait_fraction(self) -> float:
+        w, b = self.wait_s - self._seen[0], self.busy_s - self._seen[1]
+        self._seen = (self.wait_s, self.busy_s)
+        return w / (w + b) if w + b > 0 else 0.0
+
+    def total_wait_fraction(self) -> float:
+        t = self.wait_s + self.busy_s
+        return self.wait_s / t if t > 0 else 0.0
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
