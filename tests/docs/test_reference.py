@@ -3,6 +3,7 @@ cross-reference in it resolves; the guide's pages name only files that exist."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 from pathlib import Path
@@ -66,3 +67,34 @@ def test_docstrings_name_only_files_that_exist():
                     and not (ROOT / p).exists():
                 missing.append(f"{src.relative_to(ROOT)}: {p}")
     assert missing == []
+
+
+def test_each_room_docstring_names_every_module_of_its_room():
+    import pkgutil
+
+    for room in reference.ROOMS:
+        mod = importlib.import_module(f"mmreplay.{room}")
+        if not hasattr(mod, "__path__"):
+            continue  # a one-module room (loader)
+        doc = mod.__doc__ or ""
+        missing = [m.name for m in pkgutil.iter_modules(mod.__path__) if not re.search(rf"\b{m.name}\b", doc)]
+        assert missing == [], f"the docstring of mmreplay.{room} does not name its modules {missing}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    heads = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md", "docs/guarantees.md", "docs/integrations.md"])
+def test_the_guide_links_to_pages_and_headings_that_exist(page):
+    src = ROOT / page
+    bad = []
+    for target, anchor in re.findall(r"\]\(([^)#\s:]*)(?:#([^)\s]+))?\)", src.read_text()):
+        dest = (src.parent / target) if target else src
+        if not dest.exists():
+            bad.append(f"{target} (no such file)")
+        elif anchor and anchor not in _anchors(dest):
+            bad.append(f"{target}#{anchor} (no such heading)")
+    assert bad == [], f"{page} links to {bad}"
