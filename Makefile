@@ -9,7 +9,7 @@ DEMO   ?= /tmp/mmreplay-demo
 # the suite on 2 worker processes, each test file on one of them (`make test PYTEST_ARGS=` runs it in one)
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench docs clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,11 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/run.py
+
+# the API reference from the docstrings: build/reference/index.html (fails on an undocumented public name
+# or a broken cross-reference, as tests/docs/test_reference.py does)
+docs: $(STAMP)
+	$(BIN)/python docs/reference.py build/reference
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

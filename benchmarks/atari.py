@@ -77,23 +77,25 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shutil
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-import mmreplay
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kit  # noqa: E402
+from kit import POOL, H, W, dir_bytes, gb, make_pool, mem_available, quiesce, rss  # noqa: E402
 
-H = W = 84
+import mmreplay  # noqa: E402
+
 STACK = 4
-POOL = 1000  # distinct random frames, cycled
 N_ACTIONS = 18
 FRAME_BYTES = H * W
 STACKED_BYTES = STACK * H * W
@@ -107,15 +109,6 @@ Batch = dict[str, np.ndarray]
 
 
 # -- data -------------------------------------------------------------------------------------
-def make_pool(rng: np.random.Generator) -> np.ndarray:
-    """POOL distinct random frames; frame k carries k in its first two pixels."""
-    pool = rng.integers(0, 256, size=(POOL, H, W), dtype=np.uint8)
-    k = np.arange(POOL)
-    pool[:, 0, 0] = k % 256
-    pool[:, 0, 1] = k // 256
-    return pool
-
-
 @dataclass
 class Plan:
     """The episodes every system is filled with: lengths (actions per episode), the global
@@ -201,50 +194,6 @@ class Scratch:
         np.take(self.pool, ep.obs_ids, axis=0, out=o)
         np.take(self.pool, ep.next_ids, axis=0, out=n)
         return o, n
-
-
-# -- measurement helpers ----------------------------------------------------------------------
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB"
-
-
-def quiesce() -> None:
-    """Finish earlier fills' disk writeback before timing anything."""
-    gc.collect()
-    os.sync()
-    time.sleep(0.5)
-
-
-def time_op(op: Callable[[int], object], batch: int, seconds: float) -> float:
-    op(batch)  # warm-up
-    n = 0
-    t0 = time.perf_counter()
-    while True:
-        op(batch)
-        n += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return n / dt
 
 
 # -- systems ----------------------------------------------------------------------------------
@@ -520,7 +469,7 @@ def _ids(stacks: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pool ids of every frame of (B, STACK, H, W) stacks, and whether each whole frame is
     exactly that pool frame."""
     s = np.asarray(stacks)
-    ids = s[:, :, 0, 0].astype(np.int64) + 256 * s[:, :, 0, 1].astype(np.int64)
+    ids = kit.frame_ids(s)
     known = ids < POOL
     ids = np.where(known, ids, 0)
     intact = known & (s == pool[ids]).all(axis=(2, 3))
@@ -555,7 +504,7 @@ def sanity(sysm: System, pool: np.ndarray, b: int = 1024) -> str:
 
 
 # -- main -------------------------------------------------------------------------------------
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", type=int, default=200_000, help="transitions per system")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of each timed sampling loop")
@@ -575,21 +524,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.capacity, args.seconds, args.repeats = 20_000, 1.0, 1
-    wanted = set(args.systems.split(","))
+    return args
+
+
+def resource_plan(args: argparse.Namespace, plan: Plan, base: Path, wanted: set[str]) -> int:
+    """Check disk and RAM for the systems wanted (SB3 dropped when RAM is short); TorchRL's capacity."""
     n = args.capacity
-
-    if wanted & {"sb3", "torchrl"}:
-        import torch
-
-        torch.set_num_threads(args.torch_threads)
-    rng = np.random.default_rng(0)
-    pool = make_pool(rng)
-    plan = make_plan(n, rng)
-    scratch = Scratch(pool)
-    scratch.stacks(next(episodes(plan)))  # touch the scratch buffers before any RSS baseline
-    base = Path(tempfile.mkdtemp(prefix="mmreplay-atari-", dir=args.dir))
-
-    # -- resource plan ----------------------------------------------------------------------
     per_trn_torchrl = 2 * STACKED_BYTES + 8 + 4 + 1
     stores = len(args.lanes) + (sum(x > 1 for x in args.lanes) if args.interleaved else 0)
     mm_est = stores * (plan.rows * (FRAME_BYTES + 64) + (64 << 20))
@@ -615,145 +555,177 @@ def main() -> None:
     if working_set > avail:
         print("WARNING: RAM + page cache wanted exceeds MemAvailable: disk-backed systems (TorchRL first) may "
               "be timed partly from disk; use --torchrl-capacity to shrink TorchRL", flush=True)
+    return tr_cap
 
-    systems: list[System] = []
-    errors: list[str] = []
-    closers: list[Callable[[], None]] = []
 
-    def build(label: str, fn: Callable[[], list[System] | System]) -> None:
+@dataclass
+class Bench:
+    """The systems made so far, what failed, and what to close at the end."""
+
+    systems: list[System] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def build(self, label: str, fn: Callable[[], list[System] | System]) -> None:
         t0 = time.perf_counter()
         try:
             made = fn()
         except Exception as exc:  # report and go on with the others
-            msg = f"{label}: {type(exc).__name__}: {exc}"
-            errors.append(msg)
-            print(f"FAILED to build {msg}", file=sys.stderr, flush=True)
+            self.fail(f"FAILED to build {label}", exc)
             traceback.print_exc()
             return
-        made = made if isinstance(made, list) else [made]
-        systems.extend(made)
+        self.systems.extend(made if isinstance(made, list) else [made])
         print(f"filled {label} in {time.perf_counter() - t0:.1f} s", flush=True)
 
-    sb3_sys: System | None = None
-    try:
-        if "sb3" in wanted:
-            build("sb3", lambda: make_sb3(plan, scratch))
-            sb3_sys = next((s for s in systems if s.name.startswith("SB3")), None)
-        if "numpy" in wanted:
-            shared = None if sb3_sys is None else sb3_sys.keep.observations  # type: ignore[attr-defined]
-            build("numpy", lambda: make_numpy(plan, scratch, shared))
-        if "cpprb" in wanted:
-            build("cpprb", lambda: make_cpprb(plan, scratch))
-            for lanes in (x for x in args.lanes if x > 1):
-                build(f"cpprb fed {lanes} interleaved envs", lambda lanes=lanes: make_cpprb(plan, scratch, lanes))
-        if "mmreplay" in wanted:
-            for lanes in args.lanes:
-                def mm(lanes: int = lanes) -> list[System]:
-                    m = MMReplay(plan, pool, base, lanes)
-                    closers.append(m.close)
-                    return m.systems()
+    def fail(self, what: str, exc: Exception) -> None:
+        msg = f"{what}: {type(exc).__name__}: {exc}"
+        self.errors.append(msg.removeprefix("FAILED ").removeprefix("to build "))
+        print(msg if msg.startswith("FAILED") else f"FAILED {msg}", file=sys.stderr, flush=True)
 
-                build(f"mmreplay{lanes_tag(lanes)}", mm)
-            for lanes in (x for x in args.lanes if x > 1 and args.interleaved):
-                def mm_rows(lanes: int = lanes) -> list[System]:
-                    m = MMReplay(plan, pool, base, lanes, lane_segments=False)
-                    closers.append(m.close)
-                    return m.systems()
+    def mmreplay(self, plan: Plan, pool: np.ndarray, base: Path, lanes: int, lane_segments: bool | None) -> list[System]:
+        m = MMReplay(plan, pool, base, lanes, lane_segments=lane_segments)
+        self.closers.append(m.close)
+        return m.systems()
 
-                build(f"mmreplay{lanes_tag(lanes, interleaved=True)}", mm_rows)
-        if "torchrl" in wanted and tr_cap > 0:
-            build("torchrl", lambda: make_torchrl(plan, scratch, base, tr_cap))
-            if tr_cap < n:
-                for s in systems:
-                    if s.name.startswith("TorchRL"):
-                        s.name += f" [capacity {tr_cap:,}]"
-        quiesce()
 
-        print()
-        for s in systems:
-            try:
-                print(f"sanity {s.name}: {sanity(s, pool)}", flush=True)
-            except Exception as exc:
-                msg = f"{s.name} sanity: {type(exc).__name__}: {exc}"
-                errors.append(msg)
-                print(f"FAILED {msg}", file=sys.stderr, flush=True)
-            for note in s.notes:
-                print(f"  note: {note}")
-        print()
+def build_systems(bench: Bench, args: argparse.Namespace, wanted: set[str], plan: Plan, pool: np.ndarray,
+                  scratch: Scratch, base: Path, tr_cap: int) -> None:
+    if "sb3" in wanted:
+        bench.build("sb3", lambda: make_sb3(plan, scratch))
+    sb3_sys = next((s for s in bench.systems if s.name.startswith("SB3")), None)
+    if "numpy" in wanted:
+        shared = None if sb3_sys is None else sb3_sys.keep.observations  # type: ignore[attr-defined]
+        bench.build("numpy", lambda: make_numpy(plan, scratch, shared))
+    if "cpprb" in wanted:
+        bench.build("cpprb", lambda: make_cpprb(plan, scratch))
+        for lanes in (x for x in args.lanes if x > 1):
+            bench.build(f"cpprb fed {lanes} interleaved envs", lambda lanes=lanes: make_cpprb(plan, scratch, lanes))
+    if "mmreplay" in wanted:
+        for lanes in args.lanes:
+            bench.build(f"mmreplay{lanes_tag(lanes)}", lambda lanes=lanes: bench.mmreplay(plan, pool, base, lanes, None))
+        for lanes in (x for x in args.lanes if x > 1 and args.interleaved):
+            bench.build(f"mmreplay{lanes_tag(lanes, interleaved=True)}",
+                        lambda lanes=lanes: bench.mmreplay(plan, pool, base, lanes, False))
+    if "torchrl" in wanted and tr_cap > 0:
+        bench.build("torchrl", lambda: make_torchrl(plan, scratch, base, tr_cap))
+        if tr_cap < args.capacity:
+            for s in bench.systems:
+                if s.name.startswith("TorchRL"):
+                    s.name += f" [capacity {tr_cap:,}]"
 
-        rates: dict[str, dict[int, list[float]]] = {s.name: {b: [] for b in BATCHES} for s in systems}
-        broken: set[str] = set()
-        for rep in range(args.repeats):
-            order = systems[rep % max(1, len(systems)):] + systems[: rep % max(1, len(systems))]
-            for s in order:
-                if s.name in broken:
-                    continue
-                for b in BATCHES:
-                    gc.collect()
-                    try:
-                        rates[s.name][b].append(time_op(s.op, b, args.seconds))
-                    except Exception as exc:
-                        msg = f"{s.name} B={b}: {type(exc).__name__}: {exc}"
-                        errors.append(msg)
-                        broken.add(s.name)
-                        print(f"FAILED {msg}", file=sys.stderr, flush=True)
-                        break
-                if s.name not in broken:
-                    print(f"[{rep + 1}/{args.repeats}] {s.name}: "
-                          + ", ".join(f"B={b} {rates[s.name][b][-1]:,.0f}/s" for b in BATCHES), flush=True)
-    finally:
-        for c in closers:
-            try:
-                c()
-            except Exception:
-                pass
-        shutil.rmtree(base, ignore_errors=True)
 
-    med = {name: {b: float(np.median(v)) if v else float("nan") for b, v in r.items()} for name, r in rates.items()}
+def check_systems(bench: Bench, pool: np.ndarray) -> None:
     print()
-    print(f"Atari-shaped replay, {n:,} transitions, 84x84 uint8 frames, stacks of {STACK}; batches/s are medians "
-          f"of {args.repeats} interleaved {args.seconds:g} s loops; numpy arrays out; torch threads "
-          f"{args.torch_threads}")
+    for s in bench.systems:
+        try:
+            print(f"sanity {s.name}: {sanity(s, pool)}", flush=True)
+        except Exception as exc:
+            bench.fail(f"{s.name} sanity", exc)
+        for note in s.notes:
+            print(f"  note: {note}")
     print()
-    print("| system | storage | batches/s B=32 | batches/s B=256 | bytes/step |")
-    print("|---|---|---:|---:|---:|")
-    for s in systems:
-        r = med[s.name]
-        print(f"| {s.name} | {s.storage} | {r[32]:,.0f} | {r[256]:,.0f} | {s.bytes_per_step:,.0f} |")
 
+
+def time_systems(bench: Bench, args: argparse.Namespace) -> tuple[dict[str, dict[int, list[float]]], set[str]]:
+    """``--repeats`` rounds, the systems' order rotated each round; a system that fails drops out."""
+    systems = bench.systems
+    rates: dict[str, dict[int, list[float]]] = {s.name: {b: [] for b in BATCHES} for s in systems}
+    broken: set[str] = set()
+    for rep in range(args.repeats):
+        order = systems[rep % max(1, len(systems)):] + systems[: rep % max(1, len(systems))]
+        for s in order:
+            if s.name in broken:
+                continue
+            for b in BATCHES:
+                gc.collect()
+                try:
+                    rates[s.name][b].append(kit.rate(partial(s.op, b), args.seconds))
+                except Exception as exc:
+                    bench.fail(f"{s.name} B={b}", exc)
+                    broken.add(s.name)
+                    break
+            if s.name not in broken:
+                print(f"[{rep + 1}/{args.repeats}] {s.name}: "
+                      + ", ".join(f"B={b} {rates[s.name][b][-1]:,.0f}/s" for b in BATCHES), flush=True)
+    return rates, broken
+
+
+def report_ratios(systems: list[System], med: dict[str, dict[int, float]], broken: set[str], lanes: int) -> None:
+    """mmreplay's frame stacks of ``lanes`` lanes over the best peer, TorchRL and the numpy floor."""
     # peers as their users run them correctly: cpprb fed interleaved envs returns wrong stacks, so it is no peer
     peers = [s.name for s in systems if s.name.split(" ")[0].lower() in PEER_NAMES and s.name not in broken
              and "lanes]" not in s.name]
     torchrl = next((p for p in peers if p.startswith("TorchRL")), None)
     npy = next((s.name for s in systems if s.name.startswith("numpy") and s.name not in broken), None)
+    main_name = MM_MAIN + lanes_tag(lanes)
+    mm = med.get(main_name)
+    if mm is None:
+        return
+    rows = []
+    if peers:
+        best = {b: max(peers, key=lambda p: med[p][b]) for b in BATCHES}
+        r32, r256 = mm[32] / med[best[32]][32], mm[256] / med[best[256]][256]
+        ok = "met" if r32 >= 1.3 and r256 >= 1.2 else "NOT met"
+        rows.append([f"best peer ({best[32].split(' ')[0]} / {best[256].split(' ')[0]})", f"{r32:.2f}x",
+                     f"{r256:.2f}x", f">= 1.3x / 1.2x: {ok}"])
+    if torchrl:
+        r32, r256 = mm[32] / med[torchrl][32], mm[256] / med[torchrl][256]
+        rows.append(["TorchRL memmap", f"{r32:.2f}x", f"{r256:.2f}x", f">= 4x: {'met' if min(r32, r256) >= 4 else 'NOT met'}"])
+    if npy:
+        rows.append(["numpy gather baseline", kit.ratio(mm[32], med[npy][32]), kit.ratio(mm[256], med[npy][256]),
+                     "(reference)"])
+    print()
+    print(kit.table([f"ratio (mmreplay frame stacks, {lanes} lane(s), over)", "B=32", "B=256", "target"], rows))
+    mm_sys = next(s for s in systems if s.name == main_name)
+    print(f"\nmmreplay ({lanes} lane(s)) stores {mm_sys.bytes_per_step:,.0f} bytes per step on disk (target "
+          f"~7 KB; one frame is {FRAME_BYTES:,} bytes)")
+
+
+def report(bench: Bench, args: argparse.Namespace, rates: dict[str, dict[int, list[float]]], broken: set[str]) -> None:
+    med = {name: {b: kit.median(v) for b, v in r.items()} for name, r in rates.items()}
+    print()
+    print(f"Atari-shaped replay, {args.capacity:,} transitions, 84x84 uint8 frames, stacks of {STACK}; batches/s are "
+          f"medians of {args.repeats} interleaved {args.seconds:g} s loops; numpy arrays out; torch threads "
+          f"{args.torch_threads}")
+    print()
+    print(kit.table(["system", "storage", "batches/s B=32", "batches/s B=256", "bytes/step"],
+                    [[s.name, s.storage, med[s.name][32], med[s.name][256], s.bytes_per_step] for s in bench.systems]))
     for lanes in args.lanes:
-        main_name = MM_MAIN + lanes_tag(lanes)
-        mm = med.get(main_name)
-        if mm is None:
-            continue
-        print()
-        print(f"| ratio (mmreplay frame stacks, {lanes} lane(s), over) | B=32 | B=256 | target |")
-        print("|---|---:|---:|---|")
-        if peers:
-            best = {b: max(peers, key=lambda p: med[p][b]) for b in BATCHES}
-            r32, r256 = mm[32] / med[best[32]][32], mm[256] / med[best[256]][256]
-            ok = "met" if r32 >= 1.3 and r256 >= 1.2 else "NOT met"
-            print(f"| best peer ({best[32].split(' ')[0]} / {best[256].split(' ')[0]}) | {r32:.2f}x | {r256:.2f}x "
-                  f"| >= 1.3x / 1.2x: {ok} |")
-        if torchrl:
-            r32, r256 = mm[32] / med[torchrl][32], mm[256] / med[torchrl][256]
-            ok = "met" if min(r32, r256) >= 4 else "NOT met"
-            print(f"| TorchRL memmap | {r32:.2f}x | {r256:.2f}x | >= 4x: {ok} |")
-        if npy:
-            print(f"| numpy gather baseline | {mm[32] / med[npy][32]:.2f}x | {mm[256] / med[npy][256]:.2f}x "
-                  f"| (reference) |")
-        mm_sys = next(s for s in systems if s.name == main_name)
-        print(f"\nmmreplay ({lanes} lane(s)) stores {mm_sys.bytes_per_step:,.0f} bytes per step on disk (target "
-              f"~7 KB; one frame is {FRAME_BYTES:,} bytes)")
-    if errors:
+        report_ratios(bench.systems, med, broken, lanes)
+    if bench.errors:
         print("\nerrors:")
-        for e in errors:
+        for e in bench.errors:
             print(f"  {e}")
+
+
+def main() -> None:
+    args = parse_args()
+    wanted = set(args.systems.split(","))
+    if wanted & {"sb3", "torchrl"}:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    rng = np.random.default_rng(0)
+    pool = make_pool(rng)
+    plan = make_plan(args.capacity, rng)
+    scratch = Scratch(pool)
+    scratch.stacks(next(episodes(plan)))  # touch the scratch buffers before any RSS baseline
+    base = Path(tempfile.mkdtemp(prefix="mmreplay-atari-", dir=args.dir))
+    tr_cap = resource_plan(args, plan, base, wanted)
+    bench = Bench()
+    try:
+        build_systems(bench, args, wanted, plan, pool, scratch, base, tr_cap)
+        quiesce()
+        check_systems(bench, pool)
+        rates, broken = time_systems(bench, args)
+    finally:
+        for c in bench.closers:
+            try:
+                c()
+            except Exception:
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+    report(bench, args, rates, broken)
 
 
 if __name__ == "__main__":

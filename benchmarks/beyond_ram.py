@@ -50,8 +50,11 @@ from pathlib import Path
 
 import numpy as np
 
-import mmreplay
-from mmreplay.storage.info import tier_summary
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kit  # noqa: E402
+
+import mmreplay  # noqa: E402
+from mmreplay.storage.info import tier_summary  # noqa: E402
 
 H = W = 84
 STACK = 4
@@ -63,12 +66,7 @@ RAM, EXACT, WINDOWED = "in RAM (small store, cached)", "exact + prefetch (big, c
 
 # -- data ----------------------------------------------------------------------------------------
 def make_pool() -> np.ndarray:
-    rng = np.random.default_rng(0)
-    pool = rng.integers(0, 256, size=(POOL, H, W), dtype=np.uint8)
-    k = np.arange(POOL)
-    pool[:, 0, 0] = k % 256
-    pool[:, 0, 1] = k // 256
-    return pool
+    return kit.make_pool(np.random.default_rng(0))
 
 
 def build(path: Path, size_bytes: float, chunk: int = 8192) -> dict:
@@ -113,20 +111,11 @@ def drop_cache(store: mmreplay.ReplayStore) -> None:
     """Evict the store's pages from the page cache without root: unmap them from this process,
     then ``POSIX_FADV_DONTNEED`` every segment file."""
     store.reader.unmap_pages()
-    for f in (store.path / "segments").iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    kit.drop_pages(store.path)
 
 
 def warm_cache(store: mmreplay.ReplayStore) -> None:
-    buf = bytearray(8 << 20)
-    for f in (store.path / "segments").iterdir():
-        with open(f, "rb", buffering=0) as fh:
-            while fh.readinto(buf):
-                pass
+    kit.warm_pages(store.path)
 
 
 def sanity(b: mmreplay.TransitionBatch, pool: np.ndarray) -> int:
@@ -144,23 +133,7 @@ def sanity(b: mmreplay.TransitionBatch, pool: np.ndarray) -> int:
     return int((~ok).sum())
 
 
-def mem_status() -> dict:
-    out = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            k, _, v = line.partition(":")
-            if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
-
-
-def meminfo() -> dict:
-    out = {}
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            k, _, v = line.partition(":")
-            out[k] = int(v.split()[0]) * 1024
-    return out
+mem_status, meminfo = kit.mem_status, kit.meminfo
 
 
 # -- workers (each in its own process) -----------------------------------------------------------
@@ -222,7 +195,7 @@ def work_sample(cfg: dict) -> dict:
     for s in set(samplers.values()):
         s.close()
     res["mem"] = mem_status()
-    res["store_cached_gb"] = tier_summary(store)["warm"]["page_cache_bytes"] / GB  # (info() reads every row)
+    res["store_cached_gb"] = tier_summary(store.reader, store.layout)["warm"]["page_cache_bytes"] / GB  # (info() reads every row)
     store.close()
     return res
 
@@ -391,7 +364,7 @@ def run_worker(kind: str, cfg: dict) -> dict:
 
 
 # -- main ----------------------------------------------------------------------------------------
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gb", type=float, default=40.0, help="big store (larger than RAM)")
     ap.add_argument("--small-gb", type=float, default=None,
@@ -410,12 +383,34 @@ def main() -> None:
     ap.add_argument("--reuse", default=None, help="a beyondram-* directory kept by --keep")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.small_gb is None:
+        args.small_gb = args.cache_gb
+    return args
+
+
+def build_stores(args: argparse.Namespace, base: Path, mem: dict) -> dict:
+    """The big and the small store under ``base`` (reused when ``--reuse`` holds them)."""
+    info: dict = {}
+    for name, gb in (("big", args.size_gb), ("small", args.small_gb)):
+        if args.reuse and (base / name).exists():
+            st = mmreplay.open_store(base / name)
+            info[name] = {"rows": st.num_rows, "bytes": kit.dir_bytes(st.path / "segments"), "seconds": 0.0}
+            st.close()
+            continue
+        info[name] = build(base / name, gb * GB)
+        i = info[name]
+        print(f"built {name}: {i['rows']:,} rows, {i['bytes'] / GB:.1f} GB in {i['seconds']:.0f} s "
+              f"({i['bytes'] / GB / i['seconds']:.2f} GB/s)", flush=True)
+    print(f"big store {info['big']['bytes'] / GB:.1f} GB = {info['big']['bytes'] / mem['MemTotal']:.2f}x RAM; "
+          f"small {info['small']['bytes'] / GB:.1f} GB", flush=True)
+    return info
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         print(json.dumps(WORKERS[args.worker[0]](json.loads(args.worker[1]))))
         return
-
-    if args.small_gb is None:
-        args.small_gb = args.cache_gb
     mem = meminfo()
     base = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="beyondram-", dir=args.dir))
     need = (args.size_gb + args.small_gb + 2) * GB
@@ -431,21 +426,8 @@ def main() -> None:
         print(f"/proc/sys/vm/drop_caches writable: {drop_ok} (not used); cold runs drop only this store's pages "
               "(posix_fadvise DONTNEED per segment file)", flush=True)
         t_all = time.perf_counter()
-        info: dict = {}
-        for name, gb in (("big", args.size_gb), ("small", args.small_gb)):
-            if args.reuse and (base / name).exists():
-                st = mmreplay.open_store(base / name)
-                info[name] = {"rows": st.num_rows, "bytes": sum(f.stat().st_size for f in (st.path / "segments")
-                                                                   .iterdir()), "seconds": 0.0}
-                st.close()
-                continue
-            info[name] = build(base / name, gb * GB)
-            i = info[name]
-            print(f"built {name}: {i['rows']:,} rows, {i['bytes'] / GB:.1f} GB in {i['seconds']:.0f} s "
-                  f"({i['bytes'] / GB / i['seconds']:.2f} GB/s)", flush=True)
+        info = build_stores(args, base, mem)
         big, small = str(base / "big"), str(base / "small")
-        print(f"big store {info['big']['bytes'] / GB:.1f} GB = {info['big']['bytes'] / mem['MemTotal']:.2f}x RAM; "
-              f"small {info['small']['bytes'] / GB:.1f} GB", flush=True)
         pf = [int(x) for x in args.prefetch.split(",")]
         results: dict = {}
 

@@ -22,17 +22,9 @@ import time
 from pathlib import Path
 
 from beyond_ram import build
+from kit import drop_pages
 
 import mmreplay
-
-
-def drop_pages(path: Path) -> None:
-    for f in (path / "segments").iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def timed_check(path: Path, cold: bool) -> dict:

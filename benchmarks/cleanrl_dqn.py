@@ -283,19 +283,9 @@ def parse_args() -> Args:
     return Args(**values)
 
 
-def main() -> None:
-    args = parse_args()
+def build(args: Args, envs: Any, device: torch.device) -> tuple[nn.Module, nn.Module, Any, Any]:
+    """The Q network, its target copy, the optimizer and the replay buffer the flags ask for."""
     hidden = tuple(int(w) for w in args.hidden.split(","))
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(args.flush_denormal)
-    device = torch.device("cpu")
-
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id)] * args.num_envs,
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     n_actions = int(envs.single_action_space.n)
 
@@ -318,6 +308,109 @@ def main() -> None:
         rb: Any = NumpyReplayBuffer(args.buffer_size, (k, *shape) if k > 1 else shape, envs.single_observation_space.dtype)
     else:
         rb = SB3Buffer(args.buffer_size, envs, device)
+    return q_network, target_network, optimizer, rb
+
+
+def act(args: Args, envs: Any, q_network: nn.Module, x: np.ndarray, global_step: int, device: torch.device) -> np.ndarray:
+    """ε-greedy actions, one ε draw per env."""
+    E = envs.num_envs
+    epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
+                              global_step + E)
+    if E == 1:
+        explore = np.array([random.random() < epsilon])
+    else:  # one draw per env
+        explore = np.array([random.random() < epsilon for _ in range(E)])
+    if explore.all():
+        return np.array([envs.single_action_space.sample() for _ in range(E)])
+    with torch.no_grad():
+        q_values = q_network(torch.as_tensor(x, device=device))
+    actions = torch.argmax(q_values, dim=1).cpu().numpy()
+    for i in np.flatnonzero(explore):  # (one env: only a greedy step gets here)
+        actions[i] = envs.single_action_space.sample()
+    return actions
+
+
+def store_step(args: Args, rb: Any, windows: list, x: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+               terminations: np.ndarray, ended: np.ndarray, real_next_x: np.ndarray) -> None:
+    """Add the step's transitions; with n-step returns, per env the window of its last n steps (an
+    episode's end flushes its shorter windows)."""
+    n, gamma = args.n_step, args.gamma
+    if n == 1:
+        rb.add(x, real_next_x, actions, rewards, terminations, gamma)
+        return
+    for i in range(len(windows)):
+        w = windows[i]
+        w.append((x[i], int(actions[i]), float(rewards[i])))
+        while w and (len(w) == n or ended[i]):
+            ret = sum(gamma ** j * r for j, (_, _, r) in enumerate(w))
+            rb.add(w[0][0][None], real_next_x[i][None], [w[0][1]], [ret], [terminations[i]], gamma ** len(w))
+            w.pop(0)
+            if not ended[i]:
+                break
+
+
+def update(args: Args, rb: Any, q_network: nn.Module, target_network: nn.Module, optimizer: Any, updates: int) -> int:
+    """One gradient step on a sampled batch (and the target update on schedule); the update count after it."""
+    data = rb.sample(args.batch_size)
+    discounts = getattr(data, "discounts", None)
+    with torch.no_grad():
+        if args.double:
+            best = q_network(data.next_observations).argmax(dim=1, keepdim=True)
+            target_max = target_network(data.next_observations).gather(1, best).squeeze(1)
+        else:
+            target_max = target_network(data.next_observations).max(dim=1).values
+        bootstrap = args.gamma if discounts is None else discounts.flatten()
+        td_target = data.rewards.flatten() + bootstrap * target_max * (1 - data.dones.flatten())
+    old_val = q_network(data.observations).gather(1, data.actions).squeeze(1)
+    if args.loss == "mse":
+        loss = F.mse_loss(old_val, td_target)
+    else:
+        loss = F.smooth_l1_loss(old_val, td_target)
+    optimizer.zero_grad()
+    loss.backward()
+    if args.max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+    optimizer.step()
+    updates += 1
+    if updates % args.target_network_frequency == 0:
+        for target_param, param in zip(target_network.parameters(), q_network.parameters()):
+            target_param.data.copy_(args.tau * param.data + (1.0 - args.tau) * target_param.data)
+    return updates
+
+
+def next_inputs(args: Args, x: np.ndarray, next_obs: np.ndarray, infos: dict, ended: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The network's input after the step (a new episode restarts its stack) and the real next input of
+    the transition (the final observation of an episode that just ended comes in infos: same-step autoreset)."""
+    real_next_obs = next_obs.copy()
+    if "final_obs" in infos:
+        for idx, done in enumerate(infos["_final_obs"]):
+            if done:
+                real_next_obs[idx] = infos["final_obs"][idx]
+    k = args.frame_stack
+    if k == 1:
+        return real_next_obs, next_obs
+    next_x = push_frames(x, next_obs)
+    next_x[ended] = np.repeat(next_obs[ended][:, None], k, axis=1)
+    return push_frames(x, real_next_obs), next_x
+
+
+def crossed(step: int, E: int, every: int) -> bool:
+    """Whether the last E env steps passed a multiple of ``every``."""
+    return step // every > (step - E) // every
+
+
+def main() -> None:
+    args = parse_args()
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(args.flush_denormal)
+    device = torch.device("cpu")
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id)] * args.num_envs,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    q_network, target_network, optimizer, rb = build(args, envs, device)
 
     start_time, start_cpu = time.perf_counter(), time.process_time()
     eval_time = eval_cpu = 0.0
@@ -335,103 +428,45 @@ def main() -> None:
     updates = 0
     obs, _ = envs.reset(seed=args.seed)
     envs.single_action_space.seed(args.seed)
-    E, k, n, gamma = envs.num_envs, args.frame_stack, args.n_step, args.gamma
+    E, k = envs.num_envs, args.frame_stack
     x = np.repeat(obs[:, None], k, axis=1) if k > 1 else obs  # the network's input
     windows: list[list[tuple[np.ndarray, int, float]]] = [[] for _ in range(E)]  # n-step: (x, action, reward)
     global_step = 0  # env steps
     ep_return, ended_returns = np.zeros(E), []  # training episodes: the running return per env, those ended
     train_returns: list[tuple[int, float, int]] = []  # (step, mean return, episodes) every log_every steps
     while global_step < args.total_timesteps:
-        # ALGO LOGIC: put action logic here
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps,
-                                  global_step + E)
-        if E == 1:
-            explore = np.array([random.random() < epsilon])
-        else:  # one draw per env
-            explore = np.array([random.random() < epsilon for _ in range(E)])
-        if explore.all():
-            actions = np.array([envs.single_action_space.sample() for _ in range(E)])
-        else:
-            with torch.no_grad():
-                q_values = q_network(torch.as_tensor(x, device=device))
-            actions = torch.argmax(q_values, dim=1).cpu().numpy()
-            for i in np.flatnonzero(explore):  # (one env: only a greedy step gets here)
-                actions[i] = envs.single_action_space.sample()
-
+        actions = act(args, envs, q_network, x, global_step, device)
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-
-        # the final observation of an episode that just ended comes in infos (same-step autoreset)
-        real_next_obs = next_obs.copy()
-        if "final_obs" in infos:
-            for idx, ended in enumerate(infos["_final_obs"]):
-                if ended:
-                    real_next_obs[idx] = infos["final_obs"][idx]
         ended = terminations | truncations
-        if k > 1:  # stacks: the real next stack ends with the final frame; a new episode restarts its stack
-            real_next_x = push_frames(x, real_next_obs)
-            next_x = push_frames(x, next_obs)
-            next_x[ended] = np.repeat(next_obs[ended][:, None], k, axis=1)
-        else:
-            real_next_x, next_x = real_next_obs, next_obs
-        if n == 1:
-            rb.add(x, real_next_x, actions, rewards, terminations, gamma)
-        else:  # per env, the window of its last n steps; an episode's end flushes its shorter windows
-            for i in range(E):
-                w = windows[i]
-                w.append((x[i], int(actions[i]), float(rewards[i])))
-                while w and (len(w) == n or ended[i]):
-                    ret = sum(gamma ** j * r for j, (_, _, r) in enumerate(w))
-                    rb.add(w[0][0][None], real_next_x[i][None], [w[0][1]], [ret], [terminations[i]], gamma ** len(w))
-                    w.pop(0)
-                    if not ended[i]:
-                        break
+        real_next_x, next_x = next_inputs(args, x, next_obs, infos, ended)
+        store_step(args, rb, windows, x, actions, rewards, terminations, ended, real_next_x)
         x = next_x
         global_step += E
         ep_return += rewards
         if ended.any():
             ended_returns.extend(ep_return[ended].tolist())
             ep_return[ended] = 0.0
-        if global_step // args.log_every > (global_step - E) // args.log_every and ended_returns:
+        if crossed(global_step, E, args.log_every) and ended_returns:
             train_returns.append((global_step, float(np.mean(ended_returns)), len(ended_returns)))
             ended_returns = []
-
-        # ALGO LOGIC: training (one round when the env steps pass a multiple of train_frequency).
-        if global_step > args.learning_starts and global_step // args.train_frequency > (global_step - E) // args.train_frequency:
+        # training: one round when the env steps pass a multiple of train_frequency
+        if global_step > args.learning_starts and crossed(global_step, E, args.train_frequency):
             for _ in range(args.gradient_steps):
-                data = rb.sample(args.batch_size)
-                discounts = getattr(data, "discounts", None)
-                with torch.no_grad():
-                    if args.double:
-                        best = q_network(data.next_observations).argmax(dim=1, keepdim=True)
-                        target_max = target_network(data.next_observations).gather(1, best).squeeze(1)
-                    else:
-                        target_max = target_network(data.next_observations).max(dim=1).values
-                    bootstrap = args.gamma if discounts is None else discounts.flatten()
-                    td_target = data.rewards.flatten() + bootstrap * target_max * (1 - data.dones.flatten())
-                old_val = q_network(data.observations).gather(1, data.actions).squeeze(1)
-                if args.loss == "mse":
-                    loss = F.mse_loss(old_val, td_target)
-                else:
-                    loss = F.smooth_l1_loss(old_val, td_target)
-                optimizer.zero_grad()
-                loss.backward()
-                if args.max_grad_norm > 0:
-                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-                optimizer.step()
-                updates += 1
-                if updates % args.target_network_frequency == 0:
-                    for target_param, param in zip(target_network.parameters(), q_network.parameters()):
-                        target_param.data.copy_(args.tau * param.data + (1.0 - args.tau) * target_param.data)
-
-        if args.eval_episodes and args.eval_every and global_step // args.eval_every > (global_step - E) // args.eval_every:
+                updates = update(args, rb, q_network, target_network, optimizer, updates)
+        if args.eval_episodes and args.eval_every and crossed(global_step, E, args.eval_every):
             run_eval(global_step)
     if args.eval_episodes and (not evals or evals[-1][0] < args.total_timesteps):
         run_eval(args.total_timesteps)  # as mmreplay train: the end of the run is an evaluation point
+    finish(args, start_time, start_cpu, eval_time, eval_cpu, updates, evals, train_returns)
+    envs.close()
 
+
+def finish(args: Args, start_time: float, start_cpu: float, eval_time: float, eval_cpu: float, updates: int,
+           evals: list, train_returns: list) -> None:
+    """Print the summary line and the result JSON (and write it to ``--out``)."""
     total_wall = time.perf_counter() - start_time
     wall = total_wall - eval_time
     cpu = time.process_time() - start_cpu - eval_cpu
-    envs.close()
     result = {"preset": args.preset, "buffer": args.buffer, "seed": args.seed, "env_steps": args.total_timesteps,
               "updates": updates, "wall_s": wall, "cpu_s": cpu, "steps_per_s": args.total_timesteps / wall,
               "total_wall_s": total_wall, "eval_s": eval_time,

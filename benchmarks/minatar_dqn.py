@@ -115,6 +115,26 @@ CONFIGS = {"a": [], "b": ["--num-envs", "4", "--frame-stack", "4", "--n-step", "
 """Flags both trainers get per configuration (the same names in ``mmreplay train`` and the reference)."""
 
 
+def draw_runs(config: str, args: argparse.Namespace, out: Path, res: dict) -> None:
+    """The reference's evaluations as run directories, and every run of the configuration on one plot."""
+    for s in args.seeds:  # the reference's evaluations as a run directory, for `mmreplay plot`
+        ref_dir = out / f"{config}-reference-s{s}"
+        ref_dir.mkdir(exist_ok=True)
+        with open(ref_dir / "metrics.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w.writeheader()
+            for step, ret, std in res["reference"][s]["evals"]:
+                w.writerow({"step": step, "eval_return": ret, "eval_std": std})
+    runs = [out / f"{config}-mmreplay-s{s}" / "run" for s in args.seeds] + [out / f"{config}-reference-s{s}"
+                                                                            for s in args.seeds]
+    try:
+        png = plot_run(runs[0], out / f"minatar-{config}.png", title=f"{args.env} ({config}): mmreplay train vs "
+                       "reference", compare=runs[1:])
+        print(f"plot: {png} (= mmreplay plot {' '.join(map(str, runs))} --out ...)")
+    except ImportError as exc:
+        print(f"no plot: {exc}")
+
+
 def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) -> dict:
     """Run (or reuse) every seed of one configuration for both trainers; print and return the summary."""
     extra = CONFIGS[config]
@@ -186,22 +206,7 @@ def run_config(config: str, args: argparse.Namespace, out: Path, rand: float) ->
         r = ref.get(i, [np.nan])
         print(f"  step {steps[i]:>8,}: mmreplay {np.mean(curves['mmreplay'][i]):6.2f}  reference {np.mean(r):6.2f} "
               f"(range {min(r):.2f}..{max(r):.2f}): {places[i]}")
-    for s in args.seeds:  # the reference's evaluations as a run directory, for `mmreplay plot`
-        ref_dir = out / f"{config}-reference-s{s}"
-        ref_dir.mkdir(exist_ok=True)
-        with open(ref_dir / "metrics.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
-            w.writeheader()
-            for step, ret, std in res["reference"][s]["evals"]:
-                w.writerow({"step": step, "eval_return": ret, "eval_std": std})
-    runs = [out / f"{config}-mmreplay-s{s}" / "run" for s in args.seeds] + [out / f"{config}-reference-s{s}"
-                                                                            for s in args.seeds]
-    try:
-        png = plot_run(runs[0], out / f"minatar-{config}.png", title=f"{args.env} ({config}): mmreplay train vs "
-                       "reference", compare=runs[1:])
-        print(f"plot: {png} (= mmreplay plot {' '.join(map(str, runs))} --out ...)")
-    except ImportError as exc:
-        print(f"no plot: {exc}")
+    draw_runs(config, args, out, res)
     return {"final": final, "wall": wall, "inside": inside, "places": places, "curve_test": test,
             "training_returns": None if train is None else {"steps": train[0], **{n: a.tolist() for n, a in train[1].items()}},
             "runs": {n: {str(s): r[s] for s in r} for n, r in res.items()}}

@@ -12,7 +12,7 @@ terminated/truncated flags; capacity 1,000,000.
 * batched adds: batches of 256 (a 256-env vector step), filling the whole capacity;
 * only each library's own add call is timed: its inputs are prebuilt in the library's native form
   (SB3's ``dones`` and ``infos`` list, TorchRL's TensorDict, cpprb's and mmreplay's keyword/field
-  mapping), as its user already has them (``peers.Peer.native``);
+  mapping), as its user already has them (``kit.Peer.native``);
 * uniform sampling of batch 256 returned as numpy, from the full 1,000,000 rows;
 * mmreplay sampling from the same rows split over 1, 16 and 256 segments.
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -40,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import OBS_SHAPE, PEERS, available  # noqa: E402
+import kit  # noqa: E402
+from kit import OBS_SHAPE, PEERS, available, quiesce  # noqa: E402
 
 import mmreplay  # noqa: E402
 
@@ -90,14 +90,6 @@ def _data(n_envs: int, n: int, rng: np.random.Generator):
     ]
 
 
-def quiesce() -> None:
-    """Let the kernel finish writing back earlier phases' dirty pages, so no system is timed
-    while another one's disk traffic is still in flight."""
-    gc.collect()
-    os.sync()
-    time.sleep(0.5)
-
-
 def time_adds(peer, data, total: int, seconds: float) -> float:
     """Steps added per second (each step has ``n_envs`` transitions), sustained over ``total``
     steps (or until ``seconds``). Only the library's own add call is timed: every input is
@@ -120,18 +112,12 @@ def time_adds(peer, data, total: int, seconds: float) -> float:
 
 
 def time_samples(peer, batch: int, seconds: float) -> float:
+    """Batches of ``batch`` sampled per second, after a ``quiesce``, the clock read every 16 batches."""
     quiesce()
-    peer.sample(batch)
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(16):
-            peer.sample(batch)
-        n += 16
-    return n / (time.perf_counter() - t0)
+    return kit.rate(partial(peer.sample, batch), seconds, every=16)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", type=int, default=1_000_000)
     ap.add_argument("--single", type=int, default=None, help="single adds per system (default: the capacity, "
@@ -147,6 +133,68 @@ def main() -> None:
     ap.add_argument("--durability", default="segment", choices=["process", "segment", "batch"],
                     help="mmreplay writer durability (default: the library default, 'segment')")
     args = ap.parse_args()
+    if args.quick:
+        args.capacity, args.seconds, args.single, args.repeats = 100_000, 1.0, 50_000, 1
+    if args.single is None:
+        args.single = args.capacity
+    return args
+
+
+def measure(cls, args: argparse.Namespace, base: Path, single_data, batch_data) -> dict[str, float]:  # noqa: ANN001
+    """One run of one system: single adds over a fresh buffer, then batched adds and sampling over another."""
+    r: dict[str, float] = {}
+    quiesce()  # before a system is made, not between making it and timing it (a sync
+    # there would write back mmreplay's pre-faulted pages and fault them in again)
+    p = cls(args.capacity, 1, str(base))
+    r["single_adds_per_s"] = time_adds(p, single_data, args.single, args.single_seconds)
+    getattr(p, "close", lambda: None)()
+    del p
+    gc.collect()
+    quiesce()
+    p = cls(args.capacity, args.batch, str(base))
+    r["batched_rows_per_s"] = time_adds(p, batch_data, args.capacity // args.batch, 1e9) * args.batch
+    r["sample_batches_per_s"] = time_samples(p, args.batch, args.seconds)
+    getattr(p, "close", lambda: None)()
+    del p
+    gc.collect()
+    return r
+
+
+def segment_sweep(args: argparse.Namespace, base: Path, batch_data) -> dict[int, tuple[int, float]]:  # noqa: ANN001
+    """mmreplay's sampling rate over the same rows split into 1, 16 and 256 segments."""
+    seg_rates = {}
+    for nseg in (1, 16, 256):
+        rows = args.capacity
+        quiesce()
+        p = MMReplayPeer(rows, args.batch, str(base), segment_records=-(-rows // nseg // args.batch) * args.batch)
+        time_adds(p, batch_data, rows // args.batch, 1e9)
+        p.store.refresh()
+        actual = int((p.store.reader.snapshot.committed > 0).sum())
+        seg_rates[nseg] = (actual, time_samples(p, args.batch, args.seconds))
+        p.close()
+        print(f"mmreplay sampling over {actual} segments: {seg_rates[nseg][1]:,.0f} batches/s", flush=True)
+    return seg_rates
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, float]], seg_rates: dict) -> None:
+    metrics = [("single_adds_per_s", "single adds/s"), ("batched_rows_per_s", "batched adds (rows/s, batch 256)"),
+               ("sample_batches_per_s", "uniform sample (batches/s, batch 256)")]
+    peers = [n for n in results if n != "mmreplay"]
+    rows = []
+    for key, label in metrics:
+        best = max(peers, key=lambda n: results[n][key]) if peers else None
+        rows.append([label, *(results[n][key] for n in results), best or "-",
+                     kit.ratio(results["mmreplay"][key], results[best][key]) if best else "-"])
+    print()
+    print(f"mmreplay durability={args.durability!r}; medians of {args.repeats} interleaved runs")
+    print(kit.table([f"workload (capacity {args.capacity:,})", *results, "best peer", "mmreplay / best"], rows))
+    print()
+    print(kit.table(["segments", *(str(v[0]) for v in seg_rates.values())],
+                    [["sample batches/s", *(v[1] for v in seg_rates.values())]]))
+
+
+def main() -> None:
+    args = parse_args()
     try:  # SB3 and TorchRL sample through torch; with its default threads on 2 cores a small
         import torch  # copy costs milliseconds (measured), which is not what we compare
 
@@ -155,10 +203,6 @@ def main() -> None:
         pass
     global DURABILITY
     DURABILITY = args.durability
-    if args.quick:
-        args.capacity, args.seconds, args.single, args.repeats = 100_000, 1.0, 50_000, 1
-    if args.single is None:
-        args.single = args.capacity
     base = Path(tempfile.mkdtemp(prefix="mmreplay-bench-", dir=args.dir or "/var/tmp"))
     avail = available()
     names = [n for n in args.peers.split(",") if n]
@@ -173,57 +217,15 @@ def main() -> None:
     try:
         for rep in range(args.repeats):  # systems interleaved, so slow spells of the machine hit all
             for name, cls in systems.items():
-                r: dict[str, float] = {}
-                quiesce()  # before a system is made, not between making it and timing it (a sync
-                # there would write back mmreplay's pre-faulted pages and fault them in again)
-                p = cls(args.capacity, 1, str(base))
-                r["single_adds_per_s"] = time_adds(p, single_data, args.single, args.single_seconds)
-                getattr(p, "close", lambda: None)()
-                del p
-                gc.collect()
-                quiesce()
-                p = cls(args.capacity, args.batch, str(base))
-                steps = args.capacity // args.batch
-                r["batched_rows_per_s"] = time_adds(p, batch_data, steps, 1e9) * args.batch
-                r["sample_batches_per_s"] = time_samples(p, args.batch, args.seconds)
-                getattr(p, "close", lambda: None)()
-                del p
-                gc.collect()
+                r = measure(cls, args, base, single_data, batch_data)
                 runs[name].append(r)
                 print(f"[{rep + 1}/{args.repeats}] {name:>9}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()),
                       flush=True)
-        results = {name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for name, rs in runs.items()}
-        seg_rates = {}
-        for nseg in (1, 16, 256):
-            rows = args.capacity
-            quiesce()
-            p = MMReplayPeer(rows, args.batch, str(base), segment_records=-(-rows // nseg // args.batch) * args.batch)
-            time_adds(p, batch_data, rows // args.batch, 1e9)
-            p.store.refresh()
-            actual = int((p.store.reader.snapshot.committed > 0).sum())
-            seg_rates[nseg] = (actual, time_samples(p, args.batch, args.seconds))
-            p.close()
-            print(f"mmreplay sampling over {actual} segments: {seg_rates[nseg][1]:,.0f} batches/s", flush=True)
+        results = {name: {k: kit.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+        seg_rates = segment_sweep(args, base, batch_data)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-    metrics = [("single_adds_per_s", "single adds/s"), ("batched_rows_per_s", "batched adds (rows/s, batch 256)"),
-               ("sample_batches_per_s", "uniform sample (batches/s, batch 256)")]
-    peers = [n for n in results if n != "mmreplay"]
-    print()
-    print(f"mmreplay durability={args.durability!r}; medians of {args.repeats} interleaved runs")
-    print("| workload (capacity {:,}) | {} | best peer | mmreplay / best |".format(
-        args.capacity, " | ".join(results)))
-    print("|---" * (len(results) + 3) + "|")
-    for key, label in metrics:
-        best = max(peers, key=lambda n: results[n][key]) if peers else None
-        ratio = f"{results['mmreplay'][key] / results[best][key]:.2f}x" if best else "-"
-        cells = " | ".join(f"{results[n][key]:,.0f}" for n in results)
-        print(f"| {label} | {cells} | {best or '-'} | {ratio} |")
-    print()
-    print("| segments | " + " | ".join(str(v[0]) for v in seg_rates.values()) + " |")
-    print("|---" * (len(seg_rates) + 1) + "|")
-    print("| sample batches/s | " + " | ".join(f"{v[1]:,.0f}" for v in seg_rates.values()) + " |")
+    report(args, results, seg_rates)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "results": results, "runs": runs,
                                                    "segments": {str(k): v for k, v in seg_rates.items()}}, indent=2))

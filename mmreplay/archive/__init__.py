@@ -2,7 +2,8 @@
 
 Modules: ``zarr_io`` (export_archive, import_archive, open_archive), ``layout`` (the archive's
 group layout, checksums and metadata), ``shipping`` (the learner's exactly-once ingestion of
-archives that remote actors export).
+archives that remote actors export), ``stats`` (``field_stats``: streaming mean, std, min and max
+of a field over a store's or an archive's transitions, cached beside the store).
 
 Invariants: an archive holds sealed segments only, one chunk row range per segment, each
 chunk checksummed; ingestion never duplicates a row, even when killed midway.

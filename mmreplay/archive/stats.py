@@ -65,11 +65,13 @@ class FieldStats:
     """What the statistics depend on (see the module docstring): a changed key recomputes them."""
 
     def to_json(self) -> dict[str, Any]:
+        """The statistics as JSON (arrays as flat lists plus their shape): what the cache file holds."""
         return {"field": self.field, "count": self.count, "key": self.key, "shape": list(self.mean.shape),
                 **{k: getattr(self, k).ravel().tolist() for k in ("mean", "std", "min", "max")}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FieldStats:
+        """The statistics ``to_json`` wrote (float64 arrays of the field's shape)."""
         shape = tuple(d["shape"])
         arrays = {k: np.asarray(d[k], np.float64).reshape(shape) for k in ("mean", "std", "min", "max")}
         return cls(field=d["field"], count=int(d["count"]), key=d["key"], **arrays)

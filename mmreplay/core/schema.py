@@ -67,6 +67,7 @@ class Field:
         return int(self.dtype.itemsize * math.prod(self.shape))
 
     def to_json(self) -> dict[str, Any]:
+        """The field as JSON: ``{"name", "dtype"`` (numpy's ``dtype.str``, byte order included), ``"shape"}``."""
         return {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
 
 
@@ -158,6 +159,7 @@ class Schema:
     # -- views -----------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
+        """Every field's name, in the schema's order (the order of a row's record)."""
         return self._order[0]
 
     @property
@@ -176,13 +178,16 @@ class Schema:
 
     @property
     def row_bytes(self) -> int:
+        """Bytes of one row's payload: the sum of the fields' ``row_bytes`` (no padding, no stamp)."""
         return sum(f.row_bytes for f in self.fields)
 
     def to_json(self) -> list[dict[str, Any]]:
+        """The schema as JSON (one ``Field.to_json`` per field, in order), as STORE.json records it."""
         return [f.to_json() for f in self.fields]
 
     @classmethod
     def from_json(cls, data: list[dict[str, Any]]) -> Schema:
+        """The schema ``to_json`` wrote; a malformed description is a ``SchemaError``."""
         try:
             return cls(Field(d["name"], np.dtype(d["dtype"]), tuple(d["shape"])) for d in data)
         except (KeyError, TypeError) as exc:

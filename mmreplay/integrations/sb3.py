@@ -139,6 +139,14 @@ class MMReplayBuffer(ReplayBuffer):
     #: default of ``max_assemble_bytes``: the largest array an attribute such as ``observations`` assembles
     MAX_ASSEMBLE_BYTES = 1 << 30
 
+    # annotations only (SB3's constructor sets them), so the reference documents them
+    pos: int
+    """SB3's next slot in the slot table (``sampling="sb3"``; settable, as SB3's)."""
+    full: bool
+    """Whether the slot table wrapped (``sampling="sb3"``; settable, as SB3's)."""
+    n_envs: int
+    """The number of envs (lanes) each ``add`` carries."""
+
     def __init__(
         self,
         buffer_size: int,

@@ -234,12 +234,15 @@ class MMReplayStorage(Storage):
         return len(self._dense_ids())
 
     def contains(self, item: Any) -> Any:
+        """Whether each position in ``item`` is below the storage's length (a tensor of bools)."""
         return torch.as_tensor(item) < len(self)
 
     def state_dict(self) -> dict[str, Any]:
+        """The store's path only: the rows stay in the store (TorchRL's checkpoint holds no copy)."""
         return {"path": self.path}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Accept a ``state_dict`` of this same store (the rows are already there); another path is a ``ValueError``."""
         if state_dict.get("path") != self.path:
             raise ValueError(f"this storage is the store at {self.path}, the state is of {state_dict.get('path')}")
 
@@ -275,6 +278,8 @@ class MMReplaySampler(Sampler):
     """Uniform sampling with replacement by mmreplay's compiled sampler (for ``MMReplayStorage``)."""
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        """``batch_size`` positions of ``storage`` (an ``MMReplayStorage``) drawn uniformly with replacement
+        by mmreplay's compiled sampler, and no extra info."""
         if not isinstance(storage, MMReplayStorage):
             raise TypeError(f"MMReplaySampler samples an MMReplayStorage, not {type(storage).__name__}")
         return storage.draw(batch_size), {}
@@ -283,16 +288,17 @@ class MMReplaySampler(Sampler):
         pass
 
     def dumps(self, path: Any) -> None:
-        pass
+        """Nothing to write: the sampler keeps no state (its draws come from the storage's sampler)."""
 
     def loads(self, path: Any) -> None:
-        pass
+        """Nothing to read (see ``dumps``)."""
 
     def state_dict(self) -> dict[str, Any]:
+        """Empty: the sampler keeps no state."""
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+        """Nothing to load (see ``state_dict``)."""
 
 
 def _get(data: TensorDictBase, key: Any) -> torch.Tensor:

@@ -103,6 +103,8 @@ class PrioritizedSampler(TransitionSampler):
     # -- keeping the tree in step with the store --------------------------------------------
     @property
     def beta(self) -> float:
+        """The importance-sampling exponent now: ``beta`` annealed linearly to ``beta_final`` over
+        ``beta_steps`` draws (then held)."""
         f = min(self.steps / self.beta_steps, 1.0)
         return self.beta0 + f * (self.beta_final - self.beta0)
 

@@ -275,6 +275,8 @@ class TransitionSampler:
         return out[:nbytes] if out is not None else np.empty(nbytes, np.uint8)
 
     def sample(self, batch_size: int) -> TransitionBatch:  # pragma: no cover - overridden
+        """A batch of ``batch_size`` transitions (``TransitionBatch``: numpy arrays and row ids);
+        each sampler says how it draws them."""
         raise NotImplementedError
 
     def _maybe_refresh(self) -> None:
@@ -374,7 +376,7 @@ class UniformSampler(TransitionSampler):
         the rows of the open segments and of a resident set of sealed segments held in RAM
         (``cache_bytes``), rotated in the background; for stores larger than RAM (biased: see
         README "Beyond RAM"). The first draw waits until the resident set is full
-        (``load_resident()`` does it earlier). Views (n-step, frame stacks) are exact in both
+        (``TransitionSampler.load_resident()`` does it earlier). Views (n-step, frame stacks) are exact in both
         modes.
     cache_bytes
         ``"windowed"``: RAM for the open segments plus the resident copies (at least one
@@ -391,8 +393,8 @@ class UniformSampler(TransitionSampler):
         one random other sealed segment this often (one sequential read of a segment file
         each, in a background thread); ``math.inf``: back to back; 0: a fixed subset.
 
-    Call ``close()`` (or use ``with``) to stop the background threads and free the resident
-    set's RAM before the store is closed; ``tier_stats()`` reports what the tiers hold.
+    Call ``TransitionSampler.close()`` (or use ``with``) to stop the background threads and free the resident
+    set's RAM before the store is closed; ``TransitionSampler.tier_stats()`` reports what the tiers hold.
     """
 
     def _sample_raw(self, batch_size: int) -> tuple[TransitionPlan, np.ndarray, np.ndarray]:

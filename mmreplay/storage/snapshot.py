@@ -92,6 +92,7 @@ class Snapshot:
 
     @property
     def total_rows(self) -> int:
+        """Committed rows over every segment of the snapshot (the end of the cumulative row count)."""
         return int(self.cum_end[-1]) if len(self.cum_end) else 0
 
     def with_counts(self, counts: dict[int, int]) -> Snapshot:

@@ -36,6 +36,10 @@ fill in the one hook that makes the object under test; pytest then runs every in
 * ``SequenceSamplerContract``, hook ``make_sampler(store, seed)``: the same draw tests, and
   windows equal to the reference inside their starting episode.
 
+Modules: ``contract`` (the three contract classes and the view assertions), ``reference`` (the
+episodes and the plain-Python references), ``damage`` (the damage suite: random damage to a store's
+files and what the store must keep; ``benchmarks/damage.py`` runs many cases).
+
 ``reference`` holds the episodes (``make_episodes``: a few lanes of complete episodes whose
 observations name their episode and step; ``write_episodes``) and the references. This room
 sits at the top of the package's import order and is imported by no other module; it needs

@@ -75,7 +75,7 @@ class _Fixtures:
     """Rows per segment of the stores the suite creates: episodes cross segment boundaries."""
 
     def make_store(self, tmp_path, episodes: list[ref.Episode]) -> Any:
-        """A store holding ``episodes`` (possibly none). The sampler contracts create one;
+        """A store holding the episodes given (possibly none). The sampler contracts create one;
         ``StoreContract`` leaves it to the backend."""
         store = create_store(tmp_path / "store", ref.SCHEMA, segment_records=self.segment_records)
         ref.write_episodes(store, episodes)
@@ -97,21 +97,25 @@ class StoreContract(_Fixtures):
     """What every store must do, however it was made.
 
     Subclass it as ``TestMyStore`` and implement ``make_store(tmp_path, episodes)``: return an
-    open store holding exactly ``episodes`` (``mmreplay.testing.write_episodes`` writes them
+    open store holding exactly the episodes given (``mmreplay.testing.write_episodes`` writes them
     into a writable store). Override ``make_empty_store`` if the backend makes empty stores
     another way, or skip there if it cannot hold one.
     """
 
     def make_store(self, tmp_path, episodes: list[ref.Episode]) -> Any:
+        """The hook: a store of the backend under test holding the episodes given (possibly none)."""
         raise NotImplementedError("a StoreContract subclass says how to make its store")
 
     def make_empty_store(self, tmp_path) -> Any:
+        """A store with no rows: ``make_store`` with no episodes, unless a backend makes empty stores another way."""
         return self.make_store(tmp_path, [])
 
     def test_transition_count_equals_the_reference(self, store, episodes):
+        """The store counts as many transitions as the episodes hold actions."""
         assert len(store.transition_ids()) == len(ref.transitions(episodes)) == sum(e.T for e in episodes)
 
     def test_ids_round_trip_through_transitions(self, store, episodes):
+        """``store.transitions(ids)`` returns those ids, in order, each the reference's transition."""
         want = ref.transitions(episodes)
         ids = store.transition_ids()
         assert len(np.unique(ids)) == len(ids) and (np.diff(ids) > 0).all()
@@ -133,6 +137,7 @@ class StoreContract(_Fixtures):
         np.testing.assert_array_equal(store.rows("obs", ids[perm]), b.obs[perm])
 
     def test_no_transition_crosses_an_episode_or_lane(self, store, episodes):
+        """A transition's next observation is the next step of its own episode; no final observation starts one."""
         length = {e.index: e.T for e in episodes}
         ids = store.transition_ids()
         b = store.transitions(ids)
@@ -143,6 +148,7 @@ class StoreContract(_Fixtures):
             assert (n_index, n_t, no[2]) == (index, t + 1, o[2]), f"({index}, {t}) -> ({n_index}, {n_t})"
 
     def test_sampled_views_match_the_reference(self, store, episodes):
+        """3-step returns and stacks of 4 over the store, viewed and sampled, equal the reference's."""
         u = UniformSampler(store, n_step=3, gamma=0.9, frame_stack=4, seed=0)
         try:
             assert_transition_views(u.view(store.transition_ids()), episodes, n_step=3, gamma=0.9, frame_stack=4)
@@ -151,6 +157,7 @@ class StoreContract(_Fixtures):
             u.close()
 
     def test_empty_store_raises_when_sampled(self, tmp_path):
+        """Sampling a store with no transitions raises ``EmptyStoreError``."""
         (tmp_path / "empty").mkdir()
         s = self.make_empty_store(tmp_path / "empty")
         try:
@@ -285,6 +292,7 @@ class SamplerContract(_DrawContract):
             assert batch.weights is not None and (batch.weights > 0).all() and batch.weights.max() <= 1 + 1e-6
 
     def test_prioritized_weights_follow_the_formula(self, store, new_sampler):
+        """Importance weights are ``(N P(i)) ** -beta`` over the largest, for priorities set by hand."""
         if self.kind != "prioritized":
             pytest.skip("importance weights belong to prioritized samplers")
         ids = store.transition_ids()
@@ -297,6 +305,7 @@ class SamplerContract(_DrawContract):
 
     @pytest.mark.parametrize(("n_step", "frame_stack"), [(3, 1), (1, 4), (3, 4)])
     def test_views_match_the_reference(self, store, episodes, new_sampler, n_step, frame_stack):
+        """Sampled n-step returns and frame stacks (with and without each other) equal the reference's."""
         s = new_sampler(store, 1, n_step=n_step, gamma=0.9, frame_stack=frame_stack)
         for _ in range(3):
             assert_transition_views(s.sample(128), episodes, n_step=n_step, gamma=0.9, frame_stack=frame_stack)
@@ -319,6 +328,7 @@ class SequenceSamplerContract(_DrawContract):
         assert batch.mask.shape == (len(batch.ids), self.length + self.burn_in)
 
     def test_windows_match_the_reference(self, store, episodes, new_sampler):
+        """Sampled windows equal the reference's inside their starting episode, and every start can be viewed."""
         s = new_sampler(store, 1)
         for _ in range(3):
             assert_sequence_views(s.sample(128), episodes)

@@ -36,6 +36,7 @@ class Episode:
 
     @property
     def T(self) -> int:  # noqa: N802 - the usual name
+        """The episode's number of actions (its rows are ``T + 1``, the last holding the final observation)."""
         return len(self.action)
 
 

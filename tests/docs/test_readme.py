@@ -1,4 +1,5 @@
-"""Every code block in README.md is executed or checked, so the README cannot rot.
+"""Every code block in README.md is executed or checked, so the README cannot rot (and the
+command lines of the pages under docs/ are parsed too).
 
 * ``python`` blocks run in order in one fresh interpreter, like cells of a notebook, with the
   paths ``/data/`` and ``/tmp/`` pointed into a temporary directory.
@@ -24,8 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 
 
-def blocks(lang: str) -> list[str]:
-    return [body for kind, body in FENCE.findall((ROOT / "README.md").read_text()) if kind == lang]
+# the guide's other pages: their command lines are parsed too (their python is not run)
+PAGES = ("README.md", "docs/results.md", "docs/guarantees.md", "docs/integrations.md")
+
+
+def blocks(lang: str, pages: tuple[str, ...] = ("README.md",)) -> list[str]:
+    return [body for page in pages for kind, body in FENCE.findall((ROOT / page).read_text()) if kind == lang]
 
 
 def _paths(text: str, tmp: Path) -> str:
@@ -48,23 +53,23 @@ def _is_synopsis(args: list[str]) -> bool:
 
 
 def test_sh_blocks_parse_with_the_real_cli(tmp_path):
-    lines = [ln.split(" # ")[0].strip() for b in blocks("sh") for ln in b.splitlines()]
+    lines = [ln.split(" # ")[0].strip() for b in blocks("sh", PAGES) for ln in b.splitlines()]
     commands = [shlex.split(ln) for ln in lines if ln.startswith("mmreplay ")]
     assert len(commands) >= 5
     for args in commands:
         name, rest = args[1], args[2:]
         ctx = main.make_context("mmreplay", [name], resilient_parsing=True)
         cmd = main.get_command(ctx, name)
-        assert cmd is not None, f"README uses `mmreplay {name}`, which does not exist"
+        assert cmd is not None, f"the guide uses `mmreplay {name}`, which does not exist"
         if _is_synopsis(args) or "--help" in rest:
             continue
         try:
             cmd.make_context(name, [_paths(a, tmp_path) for a in rest], parent=ctx)
         except click.BadParameter as exc:
             if "does not exist" not in str(exc):  # a path the example names but this test does not make
-                pytest.fail(f"README line `{' '.join(args)}` does not parse: {exc}")
+                pytest.fail(f"guide line `{' '.join(args)}` does not parse: {exc}")
         except click.UsageError as exc:  # pragma: no cover - the message says which line
-            pytest.fail(f"README line `{' '.join(args)}` does not parse: {exc}")
+            pytest.fail(f"guide line `{' '.join(args)}` does not parse: {exc}")
     if any(ln.startswith("python -m mmreplay --help") for ln in lines):
         out = subprocess.run([sys.executable, "-m", "mmreplay", "--help"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "collect" in out.stdout
