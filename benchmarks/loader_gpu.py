@@ -128,7 +128,7 @@ def main() -> None:
             with mmreplay.BatchLoader(mmreplay.UniformSampler(store, frame_stack=4, seed=0), batch, device=device,
                                       prefetch=args.prefetch) as loader:
                 ups, wait = run_updates(learner, lambda it=loader: next(it), args.seconds, device)
-                results[f"loader_{batch}"] = {"updates_per_s": ups, "wait": wait, "pinned": bool(loader._host[0].is_pinned())}
+                results[f"loader_{batch}"] = {"updates_per_s": ups, "wait": wait, "pinned": loader.pinned}
             print(f"| {batch} | BatchLoader | {ups:,.0f} | {wait:.0%} |", flush=True)
         store.close()
     finally:
