@@ -203,7 +203,7 @@ class BatchLoader:
             for i in range(len(slots)):
                 self._free[w].put(i)
         self._ready: list[queue.Queue[Any]] = [queue.Queue(maxsize=ahead) for _ in range(self.workers)]
-        self._updates: queue.Queue[tuple[np.ndarray, np.ndarray]] = queue.Queue()
+        self._updates: queue.Queue[tuple[np.ndarray, Any, Any]] = queue.Queue()  # (ids, td, copy event)
         self._stop = threading.Event()
         self._held: tuple[int, int] | None = None  # (worker, slot) behind the batch the consumer holds
         self._turn = 0  # the worker whose batch is handed out next
@@ -291,9 +291,12 @@ class BatchLoader:
         update = getattr(self.sampler, "update_priorities", None)
         while True:
             try:
-                ids, td = self._updates.get_nowait()
+                ids, td, copied = self._updates.get_nowait()
             except queue.Empty:
                 return
+            if copied is not None:  # a device tensor's copy to the host: done before it is read
+                copied.synchronize()
+                td = td.numpy().astype(np.float64)
             if update is not None:
                 update(ids, td)
 
@@ -363,9 +366,23 @@ class BatchLoader:
         self._free[w].put(i)
 
     def update_priorities(self, ids: np.ndarray, td_errors: Any) -> None:
-        """Queue a priority update; applied by the worker before its next draw."""
-        td = td_errors.detach().float().cpu().numpy() if hasattr(td_errors, "detach") else np.asarray(td_errors)
-        self._updates.put((np.asarray(ids, np.int64).copy(), np.asarray(td, np.float64).copy()))
+        """Queue a priority update; applied by the worker before its next draw. A CUDA tensor is
+        copied to pinned host memory without blocking the caller (the worker waits for the copy)."""
+        ids = np.asarray(ids, np.int64).copy()
+        if hasattr(td_errors, "detach"):
+            t = td_errors.detach()
+            if t.device.type == "cuda":
+                torch = self.torch
+                host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+                host.copy_(t.float(), non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(torch.cuda.current_stream(t.device))
+                self._updates.put((ids, host, copied))
+                return
+            td = t.float().cpu().numpy()
+        else:
+            td = np.asarray(td_errors)
+        self._updates.put((ids, np.asarray(td, np.float64).copy(), None))
 
     def stats(self) -> dict[str, float | bool]:
         """Batches handed out and, with ``profile=True``, per step: the consumer's wait for data
