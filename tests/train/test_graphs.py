@@ -33,7 +33,7 @@ def _learner(device, graphs, **kw):
                       target_update_interval=50, cuda_graphs=graphs, **kw)
     schema = mmreplay.Schema.transition(obs_shape=(8,), obs_dtype=np.float32)
     torch.manual_seed(0)
-    return Learner(cfg, network_spec(schema, 3, hidden=(64, 64)), torch.device(device))
+    return Learner(cfg, network_spec(schema, 3, hidden=(64, 64), dueling=cfg.dueling), torch.device(device))
 
 
 def test_cuda_graphs_on_a_cpu_warn_once_and_train_eagerly(caplog):
