@@ -16,8 +16,8 @@ wraps a learner (:class:`mmreplay.train.Learner` or
   CQL), the delayed actor step every ``policy_freq`` updates (TD3+BC); each phase is captured on
   first use, so the target cadence needs no recapture. Inputs that are views of a
   ``BatchLoader`` block (``TensorBatch.buffer``, reused by the loader) are read in place: one
-  graph per block, no copy on the device. Other inputs are copied into the graph's static
-  tensors.
+  graph per block (up to ``MAX_BLOCKS``), no copy on the device. Other inputs are copied into
+  the graph's static tensors.
 * **Host state**: the update counter advances once per replay; a learning rate written into a
   param group as a float (a schedule, IQL's cosine curve) is copied into the group's tensor
   before the next replay: no recapture.
@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 
 WARMUP = 3
 """Eager updates (on a side stream) before the first capture."""
-MAX_GRAPHS = 32
-"""Graphs kept at most (phases x input blocks); beyond it the update runs eagerly (one warning)."""
+MAX_GRAPHS = 48
+"""Graphs kept at most; beyond it the update runs eagerly (one warning)."""
+MAX_BLOCKS = 16
+"""Loader blocks read in place at most; batches from further blocks are copied into one graph's inputs."""
 
 _FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "weights", "discount")
 
@@ -58,6 +60,7 @@ class GraphedUpdate:
         self.enabled = False
         self.graphs: dict[Any, _Graph | None] = {}
         self.warm = 0
+        self._blocks: set[int] = set()
         self.why: str | None = _why_not(learner, self.device)
         if self.why is not None:
             log.warning("--cuda-graphs: %s; training eagerly", self.why)
@@ -90,11 +93,12 @@ class GraphedUpdate:
             torch.cuda.current_stream(self.device).wait_stream(self.side)
             return out
         key = self._key(b)
+        in_place = key[2] is not None
         if key not in self.graphs:
             if len(self.graphs) >= MAX_GRAPHS:
                 self._fail(f"more than {MAX_GRAPHS} batch shapes, phases and input blocks")
                 return self.eager(b)
-            self.graphs[key] = self._capture(b)
+            self.graphs[key] = self._capture(b, in_place)
             if not self.enabled:
                 return self.eager(b)
         g = self.graphs[key]
@@ -118,6 +122,11 @@ class GraphedUpdate:
     def _key(self, b: Any) -> Any:
         buf = getattr(b, "buffer", None)
         block = buf.data_ptr() if isinstance(buf, torch.Tensor) and buf.device == self.device else None
+        if block is not None and block not in self._blocks:
+            if len(self._blocks) >= MAX_BLOCKS:
+                block = None  # copied, like batches from anywhere else
+            else:
+                self._blocks.add(block)
         return (_signature(b), self._phase(), block)
 
     def _prepare_optimizers(self) -> None:
@@ -155,13 +164,13 @@ class GraphedUpdate:
         if after is not None:
             after()
 
-    def _capture(self, b: Any) -> _Graph | None:
+    def _capture(self, b: Any, in_place: bool) -> _Graph | None:
         """Capture the update for ``b``'s key, then replay it for ``b``; ``None`` and eager
         updates from now on if the capture fails."""
         ln = self.learner
         ln._fold()  # the accumulators hold every eager update so far
         saved = ln.updates
-        static = _Graph.inputs(b)
+        static = _Static(b, in_place)
         graph = torch.cuda.CUDAGraph()
         n_losses, n_qs = len(ln._losses), len(ln._qs)
         try:
@@ -194,10 +203,6 @@ class _Graph:
     def __init__(self, graph: Any, static: _Static, td: Any, q_count: int) -> None:
         self.graph, self.static, self.td, self.q_count = graph, static, td, q_count
 
-    @staticmethod
-    def inputs(b: Any) -> _Static:
-        return _Static(b)
-
     def feed(self, b: Any) -> None:
         self.static.feed(b)
 
@@ -206,9 +211,9 @@ class _Static:
     """The graph's inputs: views of the loader's block where ``b``'s tensors are, else copies
     (made at capture, refilled per batch)."""
 
-    def __init__(self, b: Any) -> None:
+    def __init__(self, b: Any, in_place: bool) -> None:
         buf = getattr(b, "buffer", None)
-        base = buf.untyped_storage().data_ptr() if isinstance(buf, torch.Tensor) else None
+        base = buf.untyped_storage().data_ptr() if in_place and isinstance(buf, torch.Tensor) else None
         self.copied: list[tuple[str, str | None]] = []  # (field, dict key) refilled per batch
         fields: dict[str, Any] = {}
         for name in _FIELDS:
