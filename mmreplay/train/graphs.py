@@ -98,9 +98,8 @@ class GraphedUpdate:
             if len(self.graphs) >= MAX_GRAPHS:
                 self._fail(f"more than {MAX_GRAPHS} batch shapes, phases and input blocks")
                 return self.eager(b)
-            self.graphs[key] = self._capture(b, in_place)
-            if not self.enabled:
-                return self.eager(b)
+            captured = self.graphs[key] = self._capture(b, in_place)  # and replayed for ``b``
+            return self.eager(b) if captured is None else captured.td
         g = self.graphs[key]
         assert g is not None
         self._sync_lrs()
