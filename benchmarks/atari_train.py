@@ -2,6 +2,7 @@
 
     python benchmarks/atari_train.py [--steps 100000] [--actors 0 2] [--out FILE]
     python benchmarks/atari_train.py --quick        # 6,000 env steps, learning starts 2,000: a smoke run
+    python benchmarks/atari_train.py --device cuda --actors 0 4 --cuda-graphs   # both sides on the GPU
 
 Both sides train the Nature DQN (the same CNN: 32x8x8/4, 64x4x4/2, 64x3x3/1, 512) on ALE/Pong-v5
 through the same env code (``mmreplay.agent.envs.make_env(..., atari=True)``: gymnasium's
@@ -130,7 +131,7 @@ def sb3_child(args: argparse.Namespace) -> None:
                 train_freq=4, gradient_steps=1, target_update_interval=4 * 1000, learning_rate=1e-4, gamma=0.99,
                 exploration_fraction=0.1, exploration_final_eps=0.01, max_grad_norm=10,
                 optimize_memory_usage=True, replay_buffer_kwargs=dict(handle_timeout_termination=False),
-                seed=args.seed, device="cpu", verbose=0)
+                seed=args.seed, device=args.device, verbose=0)
     model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger leaves a /tmp/SB3-<time> folder
     rb = model.replay_buffer
     spent = [0.0]
@@ -157,7 +158,8 @@ def sb3_child(args: argparse.Namespace) -> None:
 def run_sb3(args: argparse.Namespace, tmp: Path) -> dict:
     out = tmp / "sb3.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--sb3-child", str(out), "--steps", str(args.steps),
-           "--capacity", str(args.capacity), "--learning-starts", str(args.learning_starts), "--seed", str(args.seed)]
+           "--capacity", str(args.capacity), "--learning-starts", str(args.learning_starts), "--seed", str(args.seed),
+           "--device", args.device]
     process_s, peak = run_measured(cmd, tmp / "sb3.log")
     r = json.loads(out.read_text())
     return {"system": "SB3 DQN (optimize_memory_usage)", "env_steps_per_s": r["env_steps"] / r["wall_s"],
@@ -174,7 +176,8 @@ def run_mmreplay(args: argparse.Namespace, tmp: Path, actors: int) -> dict:
            "--target-update-interval", "1000", "--lr", "1e-4", "--gamma", "0.99", "--loss", "huber",
            "--max-grad-norm", "10", "--no-double", "--end-e", "0.01", "--exploration-fraction", "0.1",
            "--frame-stack", "4", "--n-step", "1", "--seed", str(args.seed), "--eval-every", "0", "--eval-episodes",
-           "0", "--checkpoint-every", "0", "--device", "cpu", "--no-tensorboard", "--no-progress", "-q",
+           "0", "--checkpoint-every", "0", "--device", args.device, "--no-tensorboard", "--no-progress", "-q",
+           *(["--cuda-graphs"] if args.cuda_graphs else []),
            *(["--actors", str(actors), "--envs-per-actor", "1"] if actors else ["--num-envs", "1", "--actors", "0"])]
     process_s, peak = run_measured(cmd, tmp / f"mmreplay-a{actors}.log")
     r = json.loads((d / "run" / "result.json").read_text())
@@ -183,7 +186,7 @@ def run_mmreplay(args: argparse.Namespace, tmp: Path, actors: int) -> dict:
     with mmreplay.open_store(d / "store", mode="r") as s:
         rows = s.num_rows
     store_bytes = disk_bytes(d / "store")
-    name = "mmreplay train" + (f" --actors {actors}" if actors else "")
+    name = "mmreplay train" + (f" --actors {actors}" if actors else "") + (" --cuda-graphs" if args.cuda_graphs else "")
     return {"system": name, "env_steps_per_s": r["env_steps"] / r["wall_s"], "updates_per_s": r["updates"] / r["wall_s"],
             "wall_s": r["wall_s"], "process_s": process_s, "anon_rss": peak, "memory_bytes": store_bytes,
             "where": "disk (page cache)", "bytes_per_step": store_bytes / max(1, rows), "data_wait": r.get("data_wait")}
@@ -201,6 +204,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--root", default="/var/tmp")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--device", default="cpu", help="both sides' torch device [cpu]")
+    ap.add_argument("--cuda-graphs", action="store_true", help="mmreplay runs with --cuda-graphs")
     ap.add_argument("--sb3-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.steps = args.steps or (6_000 if args.quick else 100_000)
@@ -223,7 +228,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     gib = 1 << 30
     print(f"\n{ENV}, {args.steps:,} env steps, replay memory {args.capacity:,}, learning starts "
-          f"{args.learning_starts:,}, one env, seed {args.seed}, CPU ({os.cpu_count()} cores); one run each")
+          f"{args.learning_starts:,}, one env, seed {args.seed}, device {args.device}, {os.cpu_count()} cores; one run each")
     print("| system | env steps/s | updates/s | peak anonymous RSS | replay memory | bytes/stored step | "
           "sampling share of the loop |")
     print("|---|---:|---:|---:|---|---:|---:|")
@@ -232,13 +237,14 @@ def main() -> None:
         print(f"| {r['system']} | {r['env_steps_per_s']:,.0f} | {r['updates_per_s']:,.1f} | {r['anon_rss'] / gib:.2f} GiB "
               f"| {r['memory_bytes'] / gib:.2f} GiB, {r['where']} | {r['bytes_per_step']:,.0f} | {dw} |")
     sb3 = next((r for r in rows if r["system"].startswith("SB3")), None)
-    mm = next((r for r in rows if r["system"] == "mmreplay train"), None)
+    mm = next((r for r in rows if r["system"].startswith("mmreplay train") and "--actors" not in r["system"]), None)
     if sb3 and mm:
         sp, mem = mm["env_steps_per_s"] / sb3["env_steps_per_s"], mm["anon_rss"] / sb3["anon_rss"]
         ok = "met" if sp >= 1.0 and mem <= 0.5 else "NOT met"
         print(f"\nmmreplay / SB3: env steps/s {sp:.2f}x, anonymous RSS {mem:.2f}x (target >= 1.0x at <= 0.5x: {ok})")
     if args.out:
-        Path(args.out).write_text(json.dumps({"steps": args.steps, "capacity": args.capacity, "rows": rows}, indent=2))
+        Path(args.out).write_text(json.dumps({"steps": args.steps, "capacity": args.capacity, "device": args.device,
+                                              "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

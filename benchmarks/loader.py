@@ -1,10 +1,13 @@
 """Loader benchmark: BatchLoader (background gather into host buffers) against synchronous
 sampling + torch.from_numpy, with a simulated learner step, for the Atari workload.
 
-    python benchmarks/loader.py [--rows 50000] [--step-ms 2.0] [--seconds 3]
+    python benchmarks/loader.py [--rows 50000] [--step-ms 2.0] [--seconds 3] [--workers 2] [--rounds 3]
 
 Reports batches/s and the fraction of wall time the learner spent waiting for data, at batch
-32 and 256 (frames 84x84 uint8, stacks of 4). The learner step is a busy wait of --step-ms
+32 and 256 (frames 84x84 uint8, stacks of 4). Then the data path alone (no learner): batches/s
+of synchronous sampling (``sampler.sample`` + ``tensor_batch``) and of ``BatchLoader`` with 1
+and ``--workers`` gather threads, in ``--rounds`` interleaved rounds (median, and the ratio to
+synchronous). The learner step is a busy wait of --step-ms
 (standing in for a network update that releases the GIL, as torch kernels do). On a CUDA
 machine the loader also copies to the GPU asynchronously (`--device cuda`).
 """
@@ -15,6 +18,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,12 +34,46 @@ def learner_step(ms: float) -> None:
         x = x @ x * 1e-3
 
 
+def rate(fn: Any, seconds: float) -> float:
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def data_path(store: mmreplay.ReplayStore, args: argparse.Namespace) -> None:
+    """Batches/s of the data path alone: synchronous vs BatchLoader with 1 and N workers."""
+    from mmreplay.loader import tensor_batch
+
+    print("\n| batch | data path | batches/s (median) | vs synchronous | rounds |\n|---|---|---|---|---|")
+    for batch in (32, 256):
+        modes = {"synchronous": 0, "BatchLoader workers=1": 1, f"BatchLoader workers={args.workers}": args.workers}
+        got: dict[str, list[float]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for mode, workers in modes.items():
+                sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=r)
+                if workers == 0:
+                    got[mode].append(rate(lambda: tensor_batch(sampler.sample(batch), args.device), args.seconds))
+                    continue
+                with mmreplay.BatchLoader(sampler, batch, device=args.device, prefetch=3, workers=workers) as loader:
+                    got[mode].append(rate(lambda: next(loader), args.seconds))
+        sync = float(np.median(got["synchronous"]))
+        for mode, vals in got.items():
+            med = float(np.median(vals))
+            print(f"| {batch} | {mode} | {med:,.0f} | {med / sync:.2f}x | {', '.join(f'{v:,.0f}' for v in vals)} |",
+                  flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", type=int, default=2, help="gather threads of the loader's second data-path row")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the data-path rows")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="mmreplay-loader-", dir="/var/tmp")
@@ -71,6 +109,7 @@ def main() -> None:
                     n += 1
                 dt = time.perf_counter() - t0
                 print(f"| {batch} | BatchLoader | {n / dt:,.0f} | {(loader.stats()['wait_s'] - w_start) / dt:.0%} |")
+        data_path(store, args)
         store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

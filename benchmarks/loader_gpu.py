@@ -4,6 +4,7 @@ and host-to-device bandwidth from pinned vs pageable memory. One script, one run
     python benchmarks/loader_gpu.py                      # on a CUDA machine
     python benchmarks/loader_gpu.py --seconds 8 --amp    # bf16 autocast for the updates too
     python benchmarks/loader_gpu.py --device cpu --rows 5000 --seconds 1   # smoke run without a GPU
+    python benchmarks/loader_gpu.py --workers 4 --cuda-graphs   # loader with 4 gather threads; also graph-captured updates
 
 Workload: the Atari replay (84x84 uint8 single frames, stacks of 4, uniform batches of 32 and
 256, obs and next_obs) in a disk-backed store of ``--rows`` rows, page cache warm. Consumer: one
@@ -16,7 +17,9 @@ Rows printed (markdown):
 * ``updates``: updates/s and the fraction of wall time the learner waited for its batch, for
   ``synchronous`` (``sampler.sample`` + ``torch.from_numpy(...).to(device)`` in the learner's
   thread) and ``BatchLoader`` (background thread gathering into pinned buffers, copies on a side
-  stream, the consumer waits on an event).
+  stream, the consumer waits on an event; ``--workers`` gather threads), and with ``--cuda-graphs``
+  ``BatchLoader + graphs`` (the same loader feeding a learner whose updates are captured CUDA
+  graphs, ``mmreplay.train.graphs``).
 
 The GPU is synchronised after each timed phase, so updates/s counts finished updates.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import shutil
 import tempfile
 import time
@@ -97,6 +101,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--amp", action="store_true", help="bf16 autocast in the updates")
     ap.add_argument("--prefetch", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="the loader's gather threads")
+    ap.add_argument("--cuda-graphs", action="store_true", help="also a row with graph-captured updates")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -104,7 +110,7 @@ def main() -> None:
         torch.backends.cudnn.benchmark = True
         print(f"device {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     tmp = tempfile.mkdtemp(prefix="mmreplay-loader-gpu-", dir="/var/tmp")
-    results: dict[str, Any] = {"device": str(device), "amp": args.amp, "rows": args.rows}
+    results: dict[str, Any] = {"device": str(device), "amp": args.amp, "rows": args.rows, "workers": args.workers}
     try:
         t0 = time.perf_counter()
         store = fill(f"{tmp}/s", args.rows)
@@ -126,10 +132,19 @@ def main() -> None:
             results[f"sync_{batch}"] = {"updates_per_s": ups, "wait": wait}
             print(f"| {batch} | synchronous | {ups:,.0f} | {wait:.0%} |", flush=True)
             with mmreplay.BatchLoader(mmreplay.UniformSampler(store, frame_stack=4, seed=0), batch, device=device,
-                                      prefetch=args.prefetch) as loader:
+                                      prefetch=args.prefetch, workers=args.workers) as loader:
                 ups, wait = run_updates(learner, lambda it=loader: next(it), args.seconds, device)
-                results[f"loader_{batch}"] = {"updates_per_s": ups, "wait": wait, "pinned": bool(loader._host[0].is_pinned())}
-            print(f"| {batch} | BatchLoader | {ups:,.0f} | {wait:.0%} |", flush=True)
+                results[f"loader_{batch}"] = {"updates_per_s": ups, "wait": wait, "pinned": loader.pinned}
+            print(f"| {batch} | BatchLoader workers={args.workers} | {ups:,.0f} | {wait:.0%} |", flush=True)
+            if args.cuda_graphs:
+                graphed = Learner(replace(cfg, cuda_graphs=True), spec, device)
+                with mmreplay.BatchLoader(mmreplay.UniformSampler(store, frame_stack=4, seed=0), batch, device=device,
+                                          prefetch=args.prefetch, workers=args.workers) as loader:
+                    ups, wait = run_updates(graphed, lambda it=loader: next(it), args.seconds, device)
+                    results[f"loader_graphs_{batch}"] = {"updates_per_s": ups, "wait": wait,
+                                                         "captured": bool(graphed.update.enabled),
+                                                         "graphs": len(graphed.update.graphs)}
+                print(f"| {batch} | BatchLoader workers={args.workers} + graphs | {ups:,.0f} | {wait:.0%} |", flush=True)
         store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -117,6 +117,9 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--device",), dict(type=str, help="auto, cpu, cuda, cuda:1... [auto]")),
     (("--amp",), dict(is_flag=True, default=None, help="bf16 autocast on CUDA.")),
     (("--compile",), dict(is_flag=True, default=None, help="torch.compile the Q network.")),
+    (("--cuda-graphs",), dict(is_flag=True, default=None, help="Opt-in (not yet measured on a GPU): replay each update "
+                                                               "as a captured CUDA graph; eager, with one warning, "
+                                                               "where it cannot.")),
     (("--profile",), dict(is_flag=True, default=None, help="torch profiler trace of a few updates.")),
     (("--threads",), dict(type=_POS, help="torch intra-op threads. [1 for MLPs on CPU]")),
     (("--flush-denormal/--no-flush-denormal",), dict(help="On the CPU, flush denormal floats to zero (faster; "

@@ -166,6 +166,10 @@ class TrainConfig:
     """bf16 autocast of the forward passes on CUDA (ignored on CPU)."""
     compile: bool = False
     """``torch.compile`` the Q network for the updates."""
+    cuda_graphs: bool = False
+    """Opt-in: capture each update once per batch shape as a CUDA graph and replay it
+    (``mmreplay.train.graphs``); on a CPU, with ``amp`` or ``compile``, or when a capture fails,
+    one warning and eager updates."""
     profile: bool = False
     """Write a torch profiler trace of a few updates to ``run_dir/profile``."""
     threads: int | None = None

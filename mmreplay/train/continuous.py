@@ -203,6 +203,10 @@ class ContinuousLearner:
         self._qs: list[torch.Tensor] = []
         self._sums = torch.zeros(2, device=device)
         self._counts = [0, 0]
+        if cfg.cuda_graphs:  # the update captured and replayed (train/graphs.py), or eager with a warning
+            from .graphs import GraphedUpdate
+
+            self.update = GraphedUpdate(self)  # type: ignore[method-assign]
 
     @property
     def policy_net(self) -> Actor:
@@ -274,10 +278,7 @@ class ContinuousLearner:
             else:
                 bc = (self.actor.forward_normalized(x) - a).pow(2).sum(1)
             self._step(self.actor_opt, (exp_adv * bc).mean(), self.actor)
-            # CORL steps CosineAnnealingLR(T_max=steps) after each actor step; its closed form, from the
-            # update count (stateless: a resumed run continues the same curve)
-            self.actor_opt.param_groups[0]["lr"] = cfg.learning_rate * 0.5 * (
-                1 + math.cos(math.pi * min(self.updates + 1, cfg.steps) / max(1, cfg.steps)))
+            self._schedule_actor_lr(self.updates + 1)
             q_data = q[0]
         else:  # bc
             loss = F.mse_loss(self.actor.forward_normalized(x), a)
@@ -288,6 +289,18 @@ class ContinuousLearner:
             self._qs.append(q_data.detach())
         if len(self._losses) == 1024:
             self._fold()
+
+    def _schedule_actor_lr(self, updates: int) -> None:
+        """IQL: CORL steps CosineAnnealingLR(T_max=steps) after each actor step; its closed form,
+        from the update count (stateless: a resumed run continues the same curve)."""
+        cfg = self.cfg
+        self.actor_opt.param_groups[0]["lr"] = cfg.learning_rate * 0.5 * (
+            1 + math.cos(math.pi * min(updates, cfg.steps) / max(1, cfg.steps)))
+
+    def after_graphed_update(self) -> None:
+        """Host-side work of an update replayed as a graph (``graphs.GraphedUpdate``)."""
+        if self.algo == "iql":
+            self._schedule_actor_lr(self.updates)
 
     def _step(self, opt: Any, loss: torch.Tensor, net: torch.nn.Module, inputs: list[torch.Tensor] | None = None) -> None:
         opt.zero_grad(set_to_none=True)

@@ -57,6 +57,10 @@ class Learner:
         self._qs: list[torch.Tensor] = []
         self._sums = torch.zeros(2, device=device)
         self._counts = [0, 0]
+        if cfg.cuda_graphs:  # the update captured and replayed (train/graphs.py), or eager with a warning
+            from .graphs import GraphedUpdate
+
+            self.update = GraphedUpdate(self)  # type: ignore[method-assign]
 
     @property
     def policy_net(self) -> QNetwork:

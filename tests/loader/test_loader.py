@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -129,3 +130,78 @@ def test_tensor_batch_on_a_base_buffer_is_views_of_it(store, view):
         assert torch.equal(x, y), name
         if not view or name in ("obs", "next_obs", "action"):  # n-step returns are computed apart
             assert x.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), name  # one storage
+
+
+@pytest.mark.parametrize("view", [dict(), dict(n_step=3, frame_stack=2)])
+def test_workers_hand_out_a_seeded_sequence_of_true_batches(store, view):
+    """workers=2: batches 0, 2, 4, ... are the sampler's own; the others come from a second
+    sampler seeded from it, so the same seed gives the same sequence; every batch is the store's
+    rows under the view."""
+    filled(store)
+    check = mmreplay.UniformSampler(store, **view)
+    runs = []
+    for _ in range(2):
+        expect = mmreplay.UniformSampler(store, seed=11, **view)
+        with BatchLoader(mmreplay.UniformSampler(store, seed=11, **view), 16, device="cpu", workers=2,
+                         prefetch=3) as loader:
+            got = [(b.ids.copy(), b.obs.clone(), b.next_obs.clone(), b.reward.clone()) for _, b in zip(range(8), loader)]
+            assert loader.stats()["workers"] == 2
+        for k, (ids, obs, next_obs, reward) in enumerate(got):
+            want = check.view(ids)
+            np.testing.assert_array_equal(obs.numpy(), want.obs)
+            np.testing.assert_array_equal(next_obs.numpy(), want.next_obs)
+            np.testing.assert_array_equal(reward.numpy(), want.reward)
+            if k % 2 == 0:
+                np.testing.assert_array_equal(ids, expect.sample(16).ids)
+        runs.append([g[0] for g in got])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(runs[0][0], r) for r in runs[0][1:])
+
+
+def test_workers_see_rows_written_while_they_run(store):
+    filled(store, steps=20)
+    sampler = mmreplay.UniformSampler(store, seed=0, refresh_interval_s=0.0)
+    with store.writer(lanes=1) as w, BatchLoader(sampler, 32, device="cpu", workers=2) as loader:
+        next(loader)
+        assert sampler.refresh_interval_s is None  # the loader refreshes the store between gathers
+        for t in range(20, 60):
+            w.add(**step(1, t))
+        w.flush()
+        deadline, newest = time.monotonic() + 10, 0.0
+        while newest < 50 and time.monotonic() < deadline:
+            newest = max(newest, float(next(loader).obs[:, 0].max()))
+        assert newest >= 50
+    assert sampler.refresh_interval_s == 0.0  # given back on close
+
+
+def test_workers_need_a_sampler_they_can_share(store):
+    filled(store)
+    with pytest.raises(ValueError, match="UniformSampler"):
+        BatchLoader(mmreplay.PrioritizedSampler(store, seed=0), 8, device="cpu", workers=2)
+    with pytest.raises(ValueError, match="mode='exact'"):
+        BatchLoader(mmreplay.UniformSampler(store, seed=0, prefetch_batches=2), 8, device="cpu", workers=2)
+    with pytest.raises(ValueError, match="`workers`"):
+        BatchLoader(mmreplay.UniformSampler(store, seed=0), 8, device="cpu", workers=0)
+
+
+def test_device_views_are_views_of_the_copied_block_at_the_same_offsets(store):
+    """What the CUDA path hands out (one copy of the host block, views of it), checked with a
+    second CPU tensor standing in for the device buffer."""
+    from mmreplay.loader import tensor_batch
+
+    filled(store)
+    a, b = (mmreplay.UniformSampler(store, seed=3, n_step=3, frame_stack=2) for _ in range(2))
+    host = torch.empty(a.batch_nbytes(16), dtype=torch.uint8)
+    dev, cache = torch.empty_like(host), {}
+    for _ in range(3):
+        batch = a.fill(host.numpy(), 16)
+        dev.copy_(host)
+        host.zero_()  # the views must read the copy, not the host block
+        got = tensor_batch(batch, "cpu", base=host, device_base=dev, cache=cache)
+        want = b.sample(16)
+        for name in ("obs", "next_obs", "action", "reward", "terminated", "discount"):
+            np.testing.assert_array_equal(getattr(got, name).numpy(), getattr(want, name), err_msg=name)
+        for name in ("obs", "next_obs", "action"):
+            assert getattr(got, name).untyped_storage().data_ptr() == dev.untyped_storage().data_ptr(), name
+    assert cache  # views kept per block: built once per plan
