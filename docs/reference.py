@@ -29,22 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("core", "storage", "sampling", "archive", "interop", "loader", "integrations", "agent", "actors",
          "cluster", "train", "testing")
 
-# Public names of the rooms other branches are changing while this reference was set up
-# (actors, cluster, train, agent): each still lacks a docstring. Empty this list as they get one;
-# a name added to those rooms without a docstring fails the check like anywhere else.
-UNDOCUMENTED_TODO = frozenset({
-    "mmreplay.actors.pool.ActorPool.episodes",
-    "mmreplay.actors.pool.CollectResult.steps_per_s",
-    "mmreplay.cluster.driver.RayActorPool.episodes",
-    "mmreplay.cluster.driver.RayActorPool.restarts",
-    "mmreplay.agent.continuous.Actor.normalize",
-    "mmreplay.agent.policy.FrameStack.reset",
-    "mmreplay.agent.policy.FrameStack.push",
-    "mmreplay.train.loops.Learner.autocast",
-    "mmreplay.train.loops.Learner.update_target",
-    "mmreplay.train.loops.Learner.load",
-    "mmreplay.train._run.pick_device",
-})
+UNDOCUMENTED_TODO = frozenset()
 
 
 def modules() -> list[str]:

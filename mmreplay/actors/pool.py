@@ -84,6 +84,7 @@ class CollectResult:
 
     @property
     def steps_per_s(self) -> float:
+        """Env steps stored per second of the whole run (``steps / seconds``; 0.0 when no time passed)."""
         return self.steps / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -419,6 +420,7 @@ class Interrupts:
 
     @property
     def stop_requested(self) -> bool:
+        """A signal has arrived: with ``raises=False``, the loop's cue to stop at its next safe point."""
         return self.signal is not None
 
     def __enter__(self) -> Interrupts:
@@ -440,6 +442,7 @@ class Interrupts:
 
     @property
     def hurry(self) -> bool:
+        """Two or more signals have arrived: a run waits less for a wedged worker to finish."""
         return self.count >= 2
 
     def __exit__(self, *exc: object) -> None:
@@ -512,6 +515,7 @@ class ActorPool:
 
     @property
     def episodes(self) -> int:
+        """Episodes the actors ended so far (terminated, or truncated by the env), as last reported."""
         self._drain()
         return self._episodes
 

@@ -28,6 +28,8 @@ class CollectProgress:
             self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
 
     def update(self, n: int, result: Any) -> None:
+        """Add ``n`` steps to the bar and show ``result``'s episodes, the mean return of its last 100
+        episodes and the MiB written (nothing when silent)."""
         if self.bar is None:
             return
         recent = result.episode_returns[-100:]
@@ -37,5 +39,6 @@ class CollectProgress:
         self.bar.update(n)
 
     def close(self) -> None:
+        """Close the bar (nothing when silent)."""
         if self.bar is not None:
             self.bar.close()

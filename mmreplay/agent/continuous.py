@@ -112,6 +112,8 @@ class Actor(nn.Module):
         self.obs_std.copy_(torch.as_tensor(np.asarray(std, np.float32).ravel()))
 
     def normalize(self, obs: Any) -> torch.Tensor:
+        """Normalized features ``(B, features)`` from raw observations (a tensor, or a dict keyed like the
+        store): flattened in spec order, minus ``obs_mean``, over ``obs_std``."""
         return (_encode(obs, self.names) - self.obs_mean) / self.obs_std
 
     def forward_normalized(self, x: torch.Tensor) -> torch.Tensor:

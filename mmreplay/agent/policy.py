@@ -420,11 +420,14 @@ class FrameStack:
         self._buf: dict[str, np.ndarray] = {}
 
     def reset(self, obs: Any) -> Any:
+        """Start every lane at ``obs`` (its frame repeated ``k`` times); returns the stacks."""
         items = obs.items() if isinstance(obs, dict) else [("", obs)]
         self._buf = {key: np.repeat(np.asarray(a)[:, None], self.k, axis=1) for key, a in items}
         return self._out(obs)
 
     def push(self, obs: Any, new_episode: np.ndarray | None = None) -> Any:
+        """Append a step's frames ``obs``; lanes flagged in ``new_episode`` restart with their frame
+        repeated ``k`` times. Returns the stacks (before any :meth:`reset`, the same as one)."""
         if not self._buf:
             return self.reset(obs)
         items = obs.items() if isinstance(obs, dict) else [("", obs)]

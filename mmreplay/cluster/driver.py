@@ -391,6 +391,8 @@ class RayActorPool:
 
     @property
     def episodes(self) -> int:
+        """Episodes the actors completed so far, restarted actors' earlier incarnations included (0
+        before :meth:`start`)."""
         return self._fleet.episodes if self._fleet is not None else 0
 
     def episode_returns(self, last: int = 100) -> list[float]:
@@ -404,6 +406,7 @@ class RayActorPool:
 
     @property
     def restarts(self) -> dict[int, int]:
+        """Actor index -> times Ray restarted it (actors never restarted are left out)."""
         return {i: s.restarts for i, s in enumerate(self._need().slots) if s.restarts}
 
     def check(self) -> None:

@@ -7,10 +7,12 @@ of DQN / CQL / BC), ``continuous`` (TD3+BC, IQL and BC for Box actions: Continuo
 directory, counters, sampler, evaluation, checkpoints on schedule; TrainResult), ``batches``
 (Batches: the learner's batch source; ``pick_device``, ``to_tensors``), ``stores`` (the run's store:
 opening or creating it, its provenance record, the eval env's fit), ``checkpoint``
-(weights-only checkpoint files), ``runlog`` (metrics CSV / TensorBoard, ``plot_run``).
+(weights-only checkpoint files), ``runlog`` (metrics CSV / TensorBoard, ``plot_run``), ``graphs``
+(GraphedUpdate: a learner's update captured as a CUDA graph and replayed, ``--cuda-graphs``).
 
 Floors, lowest first (no import circle, type-only imports counted): config < checkpoint, runlog,
-batches, stores, learner, continuous < run < loops.
+batches, stores, learner, continuous < run < loops; graphs (no import of this room) < learner,
+continuous.
 
 The config names load eagerly; the torch-backed ones (``train``, ``Learner``, ...) on first use.
 """

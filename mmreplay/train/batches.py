@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 def pick_device(name: str) -> torch.device:
+    """The device a run trains on: ``"auto"`` is CUDA when available, else the CPU; any other name
+    as ``torch.device`` reads it (``"cpu"``, ``"cuda:1"``)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -55,6 +57,8 @@ class Batches:
         self._seen = (0.0, 0.0)
 
     def next(self) -> Any:
+        """The next batch, as tensors on ``device``; the time spent getting it adds to ``wait_s``, the
+        time since the previous batch was handed out to ``busy_s``."""
         t0 = time.perf_counter()
         if self._handed is not None:
             self.busy_s += t0 - self._handed
@@ -64,20 +68,26 @@ class Batches:
         return b
 
     def update_priorities(self, ids: np.ndarray, td: torch.Tensor) -> None:
+        """Set the priorities of the sampled rows ``ids`` from their TD errors ``td`` (prioritized
+        replay); the sampler has them before its next draw."""
         if self.loader is not None:
             self.loader.update_priorities(ids, td)
         else:
             self.sampler.update_priorities(ids, td.cpu().numpy())  # type: ignore[attr-defined]
 
     def wait_fraction(self) -> float:
+        """Share (0 to 1) of the learner's time since the last call spent getting batches; 0.0 when
+        no time was counted."""
         w, b = self.wait_s - self._seen[0], self.busy_s - self._seen[1]
         self._seen = (self.wait_s, self.busy_s)
         return w / (w + b) if w + b > 0 else 0.0
 
     def total_wait_fraction(self) -> float:
+        """Share (0 to 1) of the learner's time spent getting batches since this source was made."""
         t = self.wait_s + self.busy_s
         return self.wait_s / t if t > 0 else 0.0
 
     def close(self) -> None:
+        """Stop the loader thread, if there is one."""
         if self.loader is not None:
             self.loader.close()

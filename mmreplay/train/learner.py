@@ -72,6 +72,8 @@ class Learner:
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer, "extra": None}
 
     def autocast(self) -> Any:
+        """The context the forward passes run in: bf16 autocast when ``amp`` is on (CUDA only), else a
+        no-op."""
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
 
     def update(self, b: Any) -> torch.Tensor | None:
@@ -130,6 +132,8 @@ class Learner:
 
     @torch.no_grad()
     def update_target(self) -> None:
+        """Copy the Q network into its target (parameters and buffers), or with ``tau`` below 1 move
+        each target parameter ``tau`` of the way to the online one (buffers left as they are)."""
         assert self.target is not None
         if self._pairs is None:  # the tensors, gathered once (a state_dict walk per copy cost ~1 ms here)
             self._pairs = ([*zip(self.target.parameters(), self.q.parameters())],
@@ -154,6 +158,8 @@ class Learner:
         return loss / n, q / m
 
     def load(self, payload: dict[str, Any]) -> None:
+        """Restore the Q network, its target (when ``payload`` holds one), the optimizer and the update
+        count from a checkpoint read by ``load_checkpoint``."""
         self.q.load_state_dict(payload["state_dict"])
         if self.target is not None and payload.get("target") is not None:
             self.target.load_state_dict(payload["target"])

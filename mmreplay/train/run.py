@@ -138,23 +138,33 @@ class Run:
 
     @property
     def step(self) -> int:
+        """The run's step: learner updates offline, env steps online (what ``steps``, ``log_every``,
+        ``eval_every`` and ``checkpoint_every`` count)."""
         return self.updates if self.cfg.offline else self.env_steps
 
     @property
     def wall_s(self) -> float:
+        """Training wall time in seconds since :meth:`start_clock` (evaluations excluded), plus that of
+        the sessions a resumed run continues."""
         return self.time_before + time.perf_counter() - self.t0
 
     @property
     def cpu_s(self) -> float:
+        """CPU time in seconds of this process's threads over the same spans as :attr:`wall_s`."""
         return self.cpu_before + time.process_time() - self.cpu0
 
     def meta(self) -> dict[str, Any]:
+        """What the policy files and the checkpoint record about the run: env id (the evaluation env
+        when set), ``algo``, ``seed``, ``atari``, ``frame_stack``, ``offline``."""
         c = self.cfg
         return {"env_id": c.eval_env or c.env_id, "algo": c.algo, "seed": c.seed, "atari": c.atari,
                 "frame_stack": c.frame_stack, "offline": c.offline}
 
     def make_sampler(self, store: ReplayStore, total_updates: int,
                      refresh_interval_s: float | None = 1.0) -> TransitionSampler:
+        """The run's sampler over ``store``, as the config says: prioritized (``beta`` annealed over
+        ``total_updates``) or uniform; refreshed every ``refresh_interval_s`` online, never offline;
+        on resume, with the checkpoint's random state. Loads the sampling kernels (set-up)."""
         from ..sampling import load_kernels
         from ..sampling.prioritized import PrioritizedSampler
         from ..sampling.uniform import UniformSampler
@@ -176,6 +186,9 @@ class Run:
 
     def maybe_log(self, learner: Learner, epsilon: float | None = None, data_wait: float | None = None,
                   force: bool = False) -> None:
+        """Write a metric row (and move the progress bar) when ``log_every`` steps have passed, or now
+        with ``force`` unless this step has one: rates since the last row, the learner's mean loss and
+        Q, the mean return of the episodes since, ``data_wait`` (default: from ``wait_s``/``busy_s``)."""
         if not force and self.step < self.next_log:
             return
         if force and self.step == self.logged:
@@ -236,6 +249,9 @@ class Run:
 
     def maybe_checkpoint(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
                          epsilon: float | None, force: bool = False, writer: Writer | None = None) -> None:
+        """Write ``checkpoint.pt`` when ``checkpoint_every`` steps have passed (or with ``force``): the
+        learner, counters, ``rng`` and sampler state. First ``writer`` publishes (the store visibly holds
+        every env step counted) and, online, the sampler saves its priorities in the store."""
         if not force and self.step < self.next_ckpt:
             return
         if writer is not None:
@@ -272,6 +288,9 @@ class Run:
 
     def finish(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
                epsilon: float | None, eval_env: str | None, stopped: bool) -> TrainResult:
+        """End the session: a last evaluation (unless ``stopped``, or one at the last step exists),
+        metric row and checkpoint, then ``policy.pt`` and ``result.json``; returns the
+        :class:`TrainResult`."""
         if self.profiler is not None:
             self.profiler.__exit__(None, None, None)
         # one evaluation per evaluation point: the end of the run is one, unless an evaluation at or
