@@ -49,6 +49,9 @@ BENCHMARKS: dict[str, Bench] = {
                     ("--rows", "5000", "--seconds", "1"), ("--rows", "30000", "--seconds", "2")),
     "loader_gpu": Bench("Nature-CNN updates/s fed by the loader vs synchronous + copy; pinned vs pageable "
                         "bandwidth (CUDA)", "~3 min on a GPU", ("--device", "cpu", "--rows", "5000", "--seconds", "1")),
+    "gpu_check": Bench("learner updates/s eager and graph-captured, and the data path to the device (run by "
+                       "gpu_check.sh on a GPU machine)", "~5 min on a GPU",
+                       ("--device", "cpu", "--rows", "3000", "--seconds", "0.5", "--batch-sizes", "8", "32")),
     "checks": Bench("time until a 10 GB store is fully checked after open, cold and warm page cache", "~3 min",
                     ("--size-gb", "0.5", "--dir", "/tmp")),
     "archive": Bench("zarr archive size against the rows for ALE frames (Breakout, Pong, SpaceInvaders)", "~5 min",

@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import mmreplay
+from mmreplay.cluster.local_ray import LOOPBACK_ENV
+
+# Tests talk only to loopback. mmreplay's local Ray start sets this before it imports Ray; a test that
+# imports a library which imports Ray itself (torchrl does) would otherwise leave a later local Ray
+# refusing to start (RayNotLoopbackError) in the same worker process.
+os.environ.setdefault(*LOOPBACK_ENV)
 
 
 @pytest.fixture(autouse=True, scope="session")

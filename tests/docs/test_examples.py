@@ -93,4 +93,4 @@ def test_gpu_loader_benchmark_runs_without_a_gpu(tmp_path):
     for b in (32, 256):
         assert res[f"sync_{b}"]["updates_per_s"] > 0 and res[f"loader_{b}"]["updates_per_s"] > 0
         assert res[f"h2d_{b}"]["pageable_gbps"] > 0 and res[f"loader_{b}"]["pinned"] is False  # no CUDA: no pinning
-    assert "| 256 | BatchLoader |" in r.stdout
+    assert "| 256 | BatchLoader workers=1 |" in r.stdout
