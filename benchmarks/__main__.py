@@ -78,8 +78,8 @@ BENCHMARKS: dict[str, Bench] = {
     "kit": Bench("self-check of the peer adapters (rough add and sample rates)", "~1 min", ()),
 }
 # Scripts that are parts of others, not benchmarks of their own: cleanrl_dqn.py (the reference DQN of
-# train_loop, train_cartpole and minatar_dqn), offline_continuous_data.py and offline_continuous_ref.py
-# (the datasets and the reference of offline_continuous).
+# train_loop, train_cartpole and minatar_dqn), offline_continuous_data.py, offline_continuous_ref.py and
+# offline_continuous_big.py (the datasets, the reference and the larger-than-RAM store of offline_continuous).
 SUITES = {"quick": "quick", "headline": "headline"}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 # parts of other benchmarks, not entries of their own (see benchmarks/__main__.py)
-PARTS = {"__main__", "cleanrl_dqn", "offline_continuous_data", "offline_continuous_ref"}
+PARTS = {"__main__", "cleanrl_dqn", "offline_continuous_data", "offline_continuous_ref", "offline_continuous_big"}
 
 
 def test_the_entry_lists_every_benchmark_with_what_it_measures_and_how_long_it_takes():
