@@ -21,11 +21,13 @@ each timed phase, so rates count finished work):
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,9 +35,12 @@ import torch
 
 import mmreplay
 from mmreplay.agent import network_spec
-from mmreplay.loader import TensorBatch, tensor_batch
+from mmreplay.loader import TensorBatch
 from mmreplay.train import Learner
 from mmreplay.train.config import TrainConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kit import data_path_rates  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -100,17 +105,8 @@ def learner_rows(args: argparse.Namespace, device: torch.device) -> list[dict[st
 def data_rows(args: argparse.Namespace, device: torch.device, store: mmreplay.ReplayStore) -> list[dict[str, Any]]:
     rows = []
     for batch in args.batch_sizes:
-        modes = {"synchronous": 0, "BatchLoader workers=1": 1, f"BatchLoader workers={args.workers}": args.workers}
-        got: dict[str, list[float]] = {m: [] for m in modes}
-        for r in range(args.rounds):
-            for mode, workers in modes.items():
-                sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=r)
-                if workers == 0:
-                    got[mode].append(timed(lambda: tensor_batch(sampler.sample(batch), device), args.seconds, device))
-                    continue
-                with mmreplay.BatchLoader(sampler, batch, device=device, prefetch=args.prefetch,
-                                          workers=workers) as loader:
-                    got[mode].append(timed(lambda: next(loader), args.seconds, device))
+        got = data_path_rates(store, batch, rounds=args.rounds, workers=args.workers, device=device,
+                              prefetch=args.prefetch, timer=lambda op: timed(op, args.seconds, device))
         sync_rate = float(np.median(got["synchronous"]))
         for mode, vals in got.items():
             med = float(np.median(vals))

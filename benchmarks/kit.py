@@ -37,6 +37,27 @@ GB = 1e9
 
 
 # -- timing ---------------------------------------------------------------------------------------
+def data_path_rates(store: Any, batch: int, *, rounds: int, workers: int, device: Any, timer: Callable[..., float],
+                    prefetch: int = 3) -> dict[str, list[float]]:
+    """Batches/s of the data path alone for one batch size (Atari stacks of 4, interleaved over
+    ``rounds``, a sampler seeded by the round): synchronous (``sampler.sample`` + ``tensor_batch``)
+    and ``BatchLoader`` with 1 and ``workers`` gather threads. ``timer(op)`` times one mode."""
+    import mmreplay
+    from mmreplay.loader import tensor_batch
+
+    modes = {"synchronous": 0, "BatchLoader workers=1": 1, f"BatchLoader workers={workers}": workers}
+    got: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(rounds):
+        for mode, n in modes.items():
+            sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=r)
+            if n == 0:
+                got[mode].append(timer(lambda: tensor_batch(sampler.sample(batch), device)))
+                continue
+            with mmreplay.BatchLoader(sampler, batch, device=device, prefetch=prefetch, workers=n) as loader:
+                got[mode].append(timer(lambda: next(loader)))
+    return got
+
+
 def quiesce() -> None:
     """Let the kernel finish writing back earlier phases' dirty pages, so no system is timed
     while another one's disk traffic is still in flight."""

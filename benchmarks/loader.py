@@ -15,15 +15,20 @@ machine the loader also copies to the GPU asynchronously (`--device cuda`).
 from __future__ import annotations
 
 import argparse
+import sys
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 import mmreplay
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kit import data_path_rates  # noqa: E402
 
 
 def learner_step(ms: float) -> None:
@@ -45,20 +50,10 @@ def rate(fn: Any, seconds: float) -> float:
 
 def data_path(store: mmreplay.ReplayStore, args: argparse.Namespace) -> None:
     """Batches/s of the data path alone: synchronous vs BatchLoader with 1 and N workers."""
-    from mmreplay.loader import tensor_batch
-
     print("\n| batch | data path | batches/s (median) | vs synchronous | rounds |\n|---|---|---|---|---|")
     for batch in (32, 256):
-        modes = {"synchronous": 0, "BatchLoader workers=1": 1, f"BatchLoader workers={args.workers}": args.workers}
-        got: dict[str, list[float]] = {m: [] for m in modes}
-        for r in range(args.rounds):
-            for mode, workers in modes.items():
-                sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=r)
-                if workers == 0:
-                    got[mode].append(rate(lambda: tensor_batch(sampler.sample(batch), args.device), args.seconds))
-                    continue
-                with mmreplay.BatchLoader(sampler, batch, device=args.device, prefetch=3, workers=workers) as loader:
-                    got[mode].append(rate(lambda: next(loader), args.seconds))
+        got = data_path_rates(store, batch, rounds=args.rounds, workers=args.workers, device=args.device,
+                              timer=lambda op: rate(op, args.seconds))
         sync = float(np.median(got["synchronous"]))
         for mode, vals in got.items():
             med = float(np.median(vals))

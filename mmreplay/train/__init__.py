@@ -8,11 +8,12 @@ directory, counters, sampler, evaluation, checkpoints on schedule; TrainResult),
 (Batches: the learner's batch source; ``pick_device``, ``to_tensors``), ``stores`` (the run's store:
 opening or creating it, its provenance record, the eval env's fit), ``checkpoint``
 (weights-only checkpoint files), ``runlog`` (metrics CSV / TensorBoard, ``plot_run``), ``graphs``
-(GraphedUpdate: a learner's update captured as a CUDA graph and replayed, ``--cuda-graphs``).
+(GraphedUpdate: a learner's update captured as a CUDA graph and replayed, ``--cuda-graphs``),
+``stats`` (UpdateStats: the learners' loss and Q accumulators, read without a sync per update).
 
 Floors, lowest first (no import circle, type-only imports counted): config < checkpoint, runlog,
-batches, stores, learner, continuous < run < loops; graphs (no import of this room) < learner,
-continuous.
+batches, stores, learner, continuous < run < loops; graphs (no import of this room) < stats <
+learner, continuous.
 
 The config names load eagerly; the torch-backed ones (``train``, ``Learner``, ...) on first use.
 """

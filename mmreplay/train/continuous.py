@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..agent.continuous import Actor, TwinCritic, ValueNetwork, actor_spec, is_continuous
+from .stats import UpdateStats
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
@@ -154,9 +155,10 @@ def action_bounds(store: ReplayStore, eval_space: Any, eval_env: str | None, dim
     return data, policy, clip
 
 
-class ContinuousLearner:
+class ContinuousLearner(UpdateStats):
     """The networks of TD3+BC, IQL or BC, their optimizers and one gradient step (see the module
-    docstring). ``actor`` is what is saved and evaluated (:attr:`policy_net`)."""
+    docstring). ``actor`` is what is saved and evaluated (:attr:`policy_net`). Its statistics: the
+    critics' loss for TD3+BC and IQL, the actor's for BC; Q(s, a) of the first critic."""
 
     def __init__(self, cfg: TrainConfig, schema: Any, device: torch.device, *, obs_mean: np.ndarray,
                  obs_std: np.ndarray, data_bounds: tuple[np.ndarray, np.ndarray],
@@ -199,14 +201,7 @@ class ContinuousLearner:
             if target is not None:
                 self._targets.append((list(target.parameters()), list(net.parameters())))
         self.updates = 0
-        self._losses: list[torch.Tensor] = []
-        self._qs: list[torch.Tensor] = []
-        self._sums = torch.zeros(2, device=device)
-        self._counts = [0, 0]
-        if cfg.cuda_graphs:  # the update captured and replayed (train/graphs.py), or eager with a warning
-            from .graphs import GraphedUpdate
-
-            self.update = GraphedUpdate(self)  # type: ignore[method-assign]
+        self._init_stats(cfg, device)  # the loss and Q(s, a) accumulators; --cuda-graphs
 
     @property
     def policy_net(self) -> Actor:
@@ -284,11 +279,7 @@ class ContinuousLearner:
             loss = F.mse_loss(self.actor.forward_normalized(x), a)
             self._step(self.actor_opt, loss, self.actor)
         self.updates += 1
-        self._losses.append(loss.detach())
-        if q_data is not None:
-            self._qs.append(q_data.detach())
-        if len(self._losses) == 1024:
-            self._fold()
+        self._record(loss, q_data)
 
     def _schedule_actor_lr(self, updates: int) -> None:
         """IQL: CORL steps CosineAnnealingLR(T_max=steps) after each actor step; its closed form,
@@ -313,26 +304,6 @@ class ContinuousLearner:
     def _soft_update(self) -> None:
         for target, online in self._targets:  # target += tau (online - target), one fused op per network
             torch._foreach_lerp_(target, online, self.cfg.tau)
-
-    def _fold(self) -> None:
-        if self._losses:
-            q = torch.cat(self._qs).sum() if self._qs else torch.zeros((), device=self.device)
-            self._sums += torch.stack([torch.stack(self._losses).sum(), q])
-            self._counts[0] += len(self._losses)
-            self._counts[1] += sum(len(v) for v in self._qs)
-            self._losses, self._qs = [], []
-
-    def read_stats(self) -> tuple[float | None, float | None]:
-        """Mean loss (the critics' for TD3+BC and IQL, the actor's for BC) and mean Q(s, a) of the
-        first critic since the last call."""
-        self._fold()
-        n, m = self._counts
-        if not n:
-            return None, None
-        loss, q = self._sums.tolist()
-        self._sums.zero_()
-        self._counts = [0, 0]
-        return loss / n, (q / m if m else None)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint_parts(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..agent.policy import QNetwork, network_spec
 from .config import TrainConfig, target_update_interval_of
+from .stats import UpdateStats
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,9 @@ def qnet_spec(cfg: TrainConfig, schema: Any, n_actions: int) -> dict[str, Any]:
                         minatar=cfg.minatar)
 
 
-class Learner:
-    """The Q network, its target, the optimizer, and one gradient step of DQN, CQL or BC."""
+class Learner(UpdateStats):
+    """The Q network, its target, the optimizer, and one gradient step of DQN, CQL or BC
+    (its statistics: the mean loss and the mean Q(s, a) of the data's actions)."""
 
     def __init__(self, cfg: TrainConfig, spec: dict[str, Any], device: torch.device) -> None:
         self.cfg = cfg
@@ -51,16 +53,7 @@ class Learner:
         # (target, online) pairs of parameters, then of buffers (update_target)
         self._pairs: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.target_every = target_update_interval_of(cfg)
-        # the losses and Q(s, a) of the updates since the last read_stats (no sync per update): kept, then
-        # summed 1,024 updates at a time into _sums (loss, Q) over _counts (updates, Q values)
-        self._losses: list[torch.Tensor] = []
-        self._qs: list[torch.Tensor] = []
-        self._sums = torch.zeros(2, device=device)
-        self._counts = [0, 0]
-        if cfg.cuda_graphs:  # the update captured and replayed (train/graphs.py), or eager with a warning
-            from .graphs import GraphedUpdate
-
-            self.update = GraphedUpdate(self)  # type: ignore[method-assign]
+        self._init_stats(cfg, device)  # the loss and Q(s, a) accumulators; --cuda-graphs
 
     @property
     def policy_net(self) -> QNetwork:
@@ -116,19 +109,8 @@ class Learner:
         self.updates += 1
         if self.target is not None and self.updates % self.target_every == 0:
             self.update_target()
-        self._losses.append(loss.detach())  # summed in blocks (no op per update beyond the detaches)
-        self._qs.append(q_sa.detach())
-        if len(self._losses) == 1024:
-            self._fold()
+        self._record(loss, q_sa)  # summed in blocks (no op per update beyond the detaches)
         return None if td is None else td.detach()
-
-    def _fold(self) -> None:
-        """Add the kept losses and Q values to the sums (memory stays bounded however rarely stats are read)."""
-        if self._losses:
-            self._sums += torch.stack([torch.stack(self._losses).sum(), torch.cat(self._qs).sum()])
-            self._counts[0] += len(self._losses)
-            self._counts[1] += sum(len(x) for x in self._qs)
-            self._losses, self._qs = [], []
 
     @torch.no_grad()
     def update_target(self) -> None:
@@ -145,17 +127,6 @@ class Learner:
         else:
             for t, p in params:
                 t.lerp_(p, self.cfg.tau)
-
-    def read_stats(self) -> tuple[float | None, float | None]:
-        """Mean loss and mean Q(s, a) since the last call."""
-        self._fold()
-        n, m = self._counts
-        if not n:
-            return None, None
-        loss, q = self._sums.tolist()
-        self._sums.zero_()
-        self._counts = [0, 0]
-        return loss / n, q / m
 
     def load(self, payload: dict[str, Any]) -> None:
         """Restore the Q network, its target (when ``payload`` holds one), the optimizer and the update
