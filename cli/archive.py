@@ -74,8 +74,11 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
         with _progress(progress, "row") as cb:
             r = export_archive(path, target, include_open=include_open, clevel=clevel, verify=not no_verify,
                                progress=cb)
+        e = r.episodes
         click.echo(f"exported {r.segments_written} segments ({r.rows_written:,} rows) to {r.url}; "
                    f"archive holds {r.segments} segments, {r.rows:,} rows"
+                   + (f", episodes: {e['terminated']:,} terminated, {e['truncated']:,} truncated by the env, "
+                      f"{e['cut']:,} cut by the end of a run, {e['incomplete']:,} incomplete" if e else "")
                    + (f"; {r.damaged_rows:,} damaged row(s) archived masked, in {r.episodes_masked:,} episode(s) "
                       "marked so" if r.damaged_rows else ""))
     else:

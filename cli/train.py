@@ -227,6 +227,21 @@ def train_config(env_id: str | None, opts: dict[str, Any]) -> Any:
             if given.get("minatar") else TrainConfig(**given))
 
 
+def _store_episodes(path: str) -> None:
+    """The store's episodes by how they ended, as ``mmreplay info`` counts them (a line, or nothing
+    when the store cannot be read now)."""
+    import mmreplay
+
+    try:
+        with mmreplay.open_store(path) as st:
+            i = st.info()
+    except Exception:  # a summary line is never a reason to fail a finished run
+        return
+    click.echo(f"episodes     {i['episodes_terminated']:,} terminated, {i['episodes_truncated']:,} truncated by the "
+               f"env, {i['episodes_cut']:,} cut by the end of a run, {i['episodes_incomplete']:,} incomplete "
+               "(the whole store)")
+
+
 def _summary(cfg: Any, result: Any) -> None:
     """Print the run's summary; exit 130 / 143 if a signal interrupted it."""
     click.echo(f"run          {result.run_dir}")
@@ -239,6 +254,7 @@ def _summary(cfg: Any, result: Any) -> None:
 
         allocated, files = disk_usage(cfg.store)
         click.echo(f"store        {cfg.store}: {allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
+        _store_episodes(cfg.store)
     if result.damaged_rows:
         click.echo(f"DAMAGED      {result.damaged_rows:,} row(s) of the store failed their checksums and were left out "
                    f"of every batch (run `mmreplay verify {cfg.store or cfg.archive}`)", err=True)

@@ -54,7 +54,9 @@ the next row of the same episode. An episode whose first row is not is_first beg
 oldest exported row; one whose last row is not is_last was still running. An episode whose last
 step (row T-1) is neither terminated nor truncated was cut without a mark (a writer stopped
 mid-episode): treat it as truncated. mmreplay collect and train mark the step where a run
-ends an episode as truncated themselves."""
+ends an episode as truncated themselves. The 'episodes' attribute counts the episodes by how they
+ended (terminated, truncated by the env, cut by the end of a run, incomplete: its writer stopped
+mid-episode), as 'mmreplay info' counted them in the store; 'episode_ends' per segment id."""
 
 
 # -- opening -----------------------------------------------------------------------------------

@@ -107,6 +107,10 @@ class ArchiveReport:
     """Rows that failed their checksums: archived masked (zeroed, flagged in ``masked``)."""
     episodes_masked: int = 0
     """Episodes holding a masked row (the archive keeps them, marked; episode exports leave them out)."""
+    episodes: dict[str, int] | None = None
+    """The archive's episodes by how they ended (``terminated``, ``truncated`` by the env, ``cut`` by
+    the end of a run, ``incomplete``), as ``mmreplay info`` counts them over the same segments
+    (the root attribute ``episodes``; ``None`` without ``terminated`` / ``truncated`` fields)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +318,31 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
         if progress is not None:
             progress(done, total)
     resize_layout(g, store.schema, count, R)  # drop room reserved for segments evicted meanwhile
-    return ArchiveReport(str(url), written, done, count, rows, nbytes, damaged, episodes_masked)
+    episodes = _record_episode_ends(g, store, table[:count], {j.sid for j in jobs})
+    return ArchiveReport(str(url), written, done, count, rows, nbytes, damaged, episodes_masked, episodes)
+
+
+def _record_episode_ends(g: Any, store: ReplayStore, table: np.ndarray, exported: set[int]) -> dict[str, int] | None:
+    """Count the archive's episodes by how they ended, per archived segment as ``info`` counts them
+    in the store (``ReplayStore.episode_ends``), into the root attributes ``episode_ends`` (segment
+    id -> counts) and ``episodes`` (their sums); returns the sums (``None`` for a schema without
+    episode flags). The segments this export wrote are counted again; segments archived earlier keep
+    their counts (one the store evicted before it was counted has none: ``episodes_uncounted``)."""
+    ends: dict[str, dict[str, int]] = dict(g.attrs.get("episode_ends") or {})
+    archived = {int(sid) for sid in table[:, COL["segment_id"]]}
+    todo = {sid for sid in archived if sid in exported or str(sid) not in ends}
+    fresh = store.episode_ends(todo) if todo else {}
+    if not fresh and not ends:
+        return None
+    ends.update({str(sid): c for sid, c in fresh.items()})
+    ends = {k: v for k, v in ends.items() if int(k) in archived}
+    total = {"terminated": 0, "truncated": 0, "cut": 0, "incomplete": 0}
+    for c in ends.values():
+        for k in total:
+            total[k] += int(c.get(k, 0))
+    g.attrs.update({"episode_ends": ends, "episodes": total,
+                    "episodes_uncounted": sorted(archived - {int(k) for k in ends})})
+    return total
 
 
 # -- import ------------------------------------------------------------------------------------

@@ -90,6 +90,25 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
     }
 
 
+def episode_ends(store: StoreFiles, r: StoreReader, segment_ids: set[int] | None = None) -> dict[int, dict[str, int]]:
+    """Episode endings by the segment that holds their last step: ``{segment id: {"terminated",
+    "truncated" (by the env), "cut" (by the end of a run), "incomplete"}}``, counted as
+    :func:`store_info` counts them (its totals are these summed), for ``segment_ids`` (default:
+    every segment of the snapshot). Exports record them per archived segment."""
+    s = r.snapshot
+    out: dict[int, dict[str, int]] = {}
+    if "terminated" not in store.schema or "truncated" not in store.schema:
+        return out
+    cuts = np.fromiter(cut_rows(read_provenance(store.path)), np.int64)
+    for k, sid in enumerate(s.segment_ids.tolist()):
+        if segment_ids is not None and sid not in segment_ids:
+            continue
+        ends = {"terminated": 0, "truncated": 0, "cut": 0, "incomplete": 0}
+        _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
+        out[int(sid)] = ends
+    return out
+
+
 def _transition_starts(r: StoreReader, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Which committed rows of snapshot segment ``k`` start a one-step transition, and which would
     but for their next row being masked (a damaged row: the transition is left out)."""

@@ -22,6 +22,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -463,6 +464,17 @@ class ReplayStore:
         self._check()
         self.wait_checked()  # every row is counted: segments not checked yet are checked first
         return store_info(self.files, self.reader)
+
+    def episode_ends(self, segment_ids: Iterable[int] | None = None) -> dict[int, dict[str, int]]:
+        """Episodes by how they ended (``terminated``, ``truncated`` by the env, ``cut`` by the end of
+        a run, ``incomplete``), per segment holding their last step, as :meth:`info` counts them
+        (its ``episodes_*`` are these summed): ``{segment id: counts}`` for ``segment_ids`` (default:
+        every segment). Empty when the schema has no ``terminated`` / ``truncated`` fields."""
+        from .info import episode_ends
+
+        self._check()
+        self.wait_checked()
+        return episode_ends(self.files, self.reader, None if segment_ids is None else {int(i) for i in segment_ids})
 
 
 def _say_recovered(path: Path, report: Any) -> None:

@@ -133,10 +133,14 @@ def test_episode_counts_agree_however_a_collect_ends(tmp_path, monkeypatch, how,
     r = CliRunner().invoke(main, ["info", str(store), "--json"])
     assert r.exit_code == 0, r.output
     info = json.loads(r.output)
-    export_archive(store, tmp_path / "a.zarr", include_open=True)
+    rep = export_archive(store, tmp_path / "a.zarr", include_open=True)
     truth = _from_rows(tmp_path / "a.zarr")
     got = {k: info[k] for k in truth}
     assert got == truth, (how, got, truth)
+    import zarr  # the archive's metadata says the same (and the export's report)
+
+    kinds = {k.removeprefix("episodes_"): v for k, v in truth.items()}
+    assert rep.episodes == kinds and zarr.open_group(str(tmp_path / "a.zarr"), mode="r").attrs["episodes"] == kinds
     assert info["episodes"] == truth["episodes_terminated"] + truth["episodes_truncated"] + truth["episodes_cut"]
     assert (info["episodes_cut"] > 0) == cut and (info["episodes_incomplete"] > 0) == incomplete, info
     assert info["episodes_truncated"] > 0 and info["episodes_terminated"] > 0

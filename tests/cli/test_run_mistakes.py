@@ -7,8 +7,8 @@ close, ``import --max-rows``, ``--steps`` rounded up to whole vector steps, and 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +64,10 @@ def test_ctrl_c_in_train_checkpoints_marks_cuts_and_resume_continues(tmp_path):
     (rec,) = [r for r in info["provenance"] if r.get("kind") == "train"]
     assert rec["status"] == "interrupted" and info["episodes_incomplete"] == 0
     assert info["episodes_cut"] == len(rec["cut_rows"]) <= 1  # one env: at most its running episode
+    m = re.search(r"episodes +([\d,]+) terminated, ([\d,]+) truncated by the env, ([\d,]+) cut by the end of a "
+                  r"run, ([\d,]+) incomplete", out)  # the summary says the same
+    assert m and [int(g.replace(",", "")) for g in m.groups()] == [
+        info[f"episodes_{k}"] for k in ("terminated", "truncated", "cut", "incomplete")], out
     # --resume continues from the checkpoint to the new --steps
     steps = done["env_steps"] + 200
     r = _mm(*args, "--steps", steps, "--resume", "-q")
