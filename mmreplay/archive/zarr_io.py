@@ -334,14 +334,16 @@ def _record_episode_ends(g: Any, store: ReplayStore, table: np.ndarray, exported
     fresh = store.episode_ends(todo) if todo else {}
     if not fresh and not ends:
         return None
+    before = len(ends)
     ends.update({str(sid): c for sid, c in fresh.items()})
     ends = {k: v for k, v in ends.items() if int(k) in archived}
     total = {"terminated": 0, "truncated": 0, "cut": 0, "incomplete": 0}
     for c in ends.values():
         for k in total:
             total[k] += int(c.get(k, 0))
-    g.attrs.update({"episode_ends": ends, "episodes": total,
-                    "episodes_uncounted": sorted(archived - {int(k) for k in ends})})
+    if fresh or len(ends) != before:  # an export that wrote nothing writes no attribute either
+        g.attrs.update({"episode_ends": ends, "episodes": total,
+                        "episodes_uncounted": sorted(archived - {int(k) for k in ends})})
     return total
 
 
