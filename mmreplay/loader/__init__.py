@@ -42,8 +42,8 @@ import numpy as np
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from .sampling.uniform import TransitionSampler
-    from .storage import TransitionBatch
+    from ..sampling.uniform import TransitionSampler
+    from ..storage import TransitionBatch
 
 
 @dataclass
@@ -459,7 +459,7 @@ def _forks(sampler: TransitionSampler, n: int) -> list[Any]:
     never refresh the store themselves."""
     if n == 0:
         return []
-    from .sampling.uniform import UniformSampler
+    from ..sampling.uniform import UniformSampler
 
     if type(sampler) is not UniformSampler:
         raise ValueError(f"`workers` > 1 needs a UniformSampler, got {type(sampler).__name__} "
