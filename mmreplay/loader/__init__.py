@@ -25,6 +25,10 @@ the device ahead of need, so the learner does not wait for data.
   ``close()`` stops the workers promptly and frees the buffers; ``profile=True`` records, per
   batch, the time the consumer waited for data (``stats()``).
 
+Modules: this one (``BatchLoader``, ``TensorBatch``, ``tensor_batch``) and ``device_tier``
+(``DeviceTier``: a store that fits on the card mirrored there as it is written; indices drawn on
+the host with the sampler's own stream, stacks, n-step windows and the gather on the device).
+
 torch is imported when a loader is made, not by ``import mmreplay``.
 """
 

@@ -1,0 +1,90 @@
+"""DeviceTier on the CPU: batch for batch the host path's batches with the same seed (the CUDA
+run is benchmarks/gpu_check.py's "device tier" row)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mmreplay
+from mmreplay.loader import tensor_batch
+from mmreplay.loader.device_tier import DeviceTier
+
+LANES = 3
+
+
+def _steps(w, rng, t0, steps):
+    for t in range(t0, t0 + steps):
+        kind = rng.choice([0] * 10 + [1, 2], size=LANES)  # episodes of different lengths, both endings
+        obs = rng.integers(0, 256, (LANES, 6, 6), dtype=np.uint8)
+        obs[:, 0, 0], obs[:, 0, 1] = np.arange(LANES), t % 256
+        w.add(obs=obs, action=rng.integers(0, 6, LANES), reward=rng.normal(size=LANES).astype(np.float32),
+              terminated=kind == 1, truncated=kind == 2)
+
+
+def _same(got, want):
+    for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
+    np.testing.assert_array_equal(got.ids, want.ids)
+    assert got.weights is None and set(got.extra) == set(want.extra)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_batches_equal_the_host_path_with_the_same_seed_as_rows_arrive(tmp_path, n_step):
+    schema = mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8)
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16, capacity=100_000)
+    rng = np.random.default_rng(1)
+    host = mmreplay.UniformSampler(s, frame_stack=4, n_step=n_step, gamma=0.9, seed=3)
+    tier = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, n_step=n_step, gamma=0.9, seed=3), "cpu")
+    w = s.writer(lanes=LANES)
+    t = 0
+    for grow in (60, 40, 25):  # rows committed between batches: the mirror appends them
+        _steps(w, rng, t, grow)
+        t += grow
+        w.flush()
+        for size in (1, 32, 257):
+            _same(tier.sample(size), tensor_batch(host.sample(size), "cpu"))
+        assert tier.rows_copied == s.reader.snapshot.total_rows  # each committed row copied once
+    w.close(last_obs=np.zeros((LANES, 6, 6), np.uint8))  # the episodes' final observations
+    for _ in range(3):
+        _same(tier.sample(64), tensor_batch(host.sample(64), "cpu"))
+    clamped = tier.sample(512).obs  # some stacks are clamped at an episode start (a frame repeated)
+    assert (clamped[:, 0] == clamped[:, 1]).flatten(1).all(1).any()
+    s.close()
+
+
+def test_frame_stack_one_and_float_dtype(tmp_path):
+    schema = mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8)
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16)
+    with s.writer(lanes=LANES) as w:
+        _steps(w, np.random.default_rng(2), 0, 80)
+    host = mmreplay.UniformSampler(s, n_step=4, seed=0)
+    tier = DeviceTier(mmreplay.UniformSampler(s, n_step=4, seed=0), "cpu", float_dtype=torch.float16)
+    got, want = tier.sample(50), tensor_batch(host.sample(50), "cpu", float_dtype=torch.float16)
+    assert got.obs.shape == (50, 6, 6)
+    _same(got, want)
+    s.close()
+
+
+def test_refusals(tmp_path):
+    schema = mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8)
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16)
+    with s.writer(lanes=LANES) as w:
+        _steps(w, np.random.default_rng(0), 0, 40)
+    with pytest.raises(ValueError, match="UniformSampler, got PrioritizedSampler"):
+        DeviceTier(mmreplay.PrioritizedSampler(s, frame_stack=4, seed=0), "cpu")
+    with pytest.raises(ValueError, match="UniformSampler, got SequenceSampler"):
+        DeviceTier(mmreplay.SequenceSampler(s, 4, seed=0), "cpu")
+    with pytest.raises(ValueError, match="mode='exact'"):
+        DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, mode="windowed", cache_bytes=1 << 20), "cpu")
+    with pytest.raises(ValueError, match="prefetch_batches"):
+        DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, prefetch_batches=2), "cpu")
+    with pytest.raises(ValueError, match="frame_stack > 1 or n_step > 1"):
+        DeviceTier(mmreplay.UniformSampler(s), "cpu")
+    small = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, seed=0), "cpu", budget_bytes=16 * 40)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        small.sample(8)
+    s.close()
