@@ -15,7 +15,9 @@ frames:
   returns are summed in float64 in the host kernels' order (``sampling.window_kernels``) and
   handed out as float32, with ``discount = gamma^M`` (0 when terminated).
 * **Incremental**: each ``sample`` (or ``refresh()``) first copies the rows committed since the
-  last one. The mirror holds one block of ``segment_records`` rows per live segment; a segment
+  last one, and sets each new row's stack link (the row its frame stack steps back to: the
+  previous row of its lane, or itself at the episode's first row), so a stack is ``frame_stack
+  - 1`` lookups. The mirror holds one block of ``segment_records`` rows per live segment; a segment
   that left the store gives its block to the next new one.
 * **Refused** (one-line ``ValueError``): samplers other than ``UniformSampler`` (prioritized,
   sequences), ``mode="windowed"``, ``prefetch_batches``, one-step views (``frame_stack == 1`` and
@@ -91,8 +93,8 @@ class DeviceTier:
                 for f in schema.fields]
         cols.append(("is_last", lay.column("is_last").offset - lay.records_offset, 1, np.dtype(np.uint8), ()))
         self._cols = cols
-        self.row_bytes = sum(c[2] for c in cols)
-        """Device bytes one mirrored row takes."""
+        self.row_bytes = sum(c[2] for c in cols) + 8
+        """Device bytes one mirrored row takes (its fields, ``is_last`` and its stack link)."""
         self._obs_names = tuple(schema.obs_names)
         self._cols_t: dict[str, Any] = {}
         self._blocks = 0  # blocks allocated (segment_records rows each)
@@ -102,6 +104,7 @@ class DeviceTier:
         self._lut = np.full(0, -1, np.int64)  # segment id -> block, for row ids
         self._snap: Any = None
         self._meta: Any = None  # (lanes, usable, succ block, pred block) per block, on the device
+        self._back: Any = None  # per mirrored row: the row its frame stack steps back to
         self.rows_copied = 0
         """Rows copied to the device so far (each once)."""
 
@@ -126,6 +129,10 @@ class DeviceTier:
             if old is not None:
                 t[: len(old)] = old
             self._cols_t[name] = t
+        back = torch.empty(n * self._R, dtype=torch.int64, device=self.device)
+        if self._blocks:
+            back[: self._blocks * self._R] = self._back
+        self._back = back
         self._count = np.concatenate([self._count, np.zeros(n - self._blocks, np.int64)])
         self._free.extend(range(n - 1, self._blocks - 1, -1))  # popped lowest first
         self._blocks = n
@@ -175,6 +182,7 @@ class DeviceTier:
         blocks = self._lut[seg[:, SEG_ID]]
         committed = seg[:, SEG_COMMITTED]
         copied = 0
+        appended: list[tuple[int, int]] = []
         region, rec = reader.bytes, self.store.layout.record_bytes
         for k in np.flatnonzero(committed > self._count[blocks]).tolist():
             b, lo, hi = int(blocks[k]), int(self._count[blocks[k]]), int(committed[k])
@@ -185,6 +193,12 @@ class DeviceTier:
                 self._cols_t[name][b * self._R + lo: b * self._R + hi].copy_(self._torch.from_numpy(a))
             self._count[b] = hi
             copied += hi - lo
+            appended.append((b * self._R + lo, b * self._R + hi))
+        for lo, hi in appended:  # after every copy: a row's link reads its predecessor's flag
+            m = self._torch.arange(lo, hi, device=self.device)
+            p = self._prev(m)
+            step = (p >= 0) & (self._cols_t["is_last"][p.clamp(min=0)] == 0)
+            self._back[lo:hi] = self._torch.where(step, p, m)
         self.rows_copied += copied
         return copied
 
@@ -207,17 +221,14 @@ class DeviceTier:
         return self._torch.where(ns < usable[b], m + lanes[b], succ[b].clamp(min=0) * self._R + ns - usable[b])
 
     def _stack(self, m: Any, frames: int) -> Any:
-        """(B, frames) rows of the observations ending at ``m``, clamped at the episode start."""
-        torch = self._torch
-        is_last = self._cols_t["is_last"]
+        """(B, frames) rows of the observations ending at ``m``, clamped at the episode start:
+        each row's stack link (set when it was mirrored) is the row a stack steps back to, the
+        previous row of its lane within the episode or itself at the episode's first row. A link
+        into a segment that left the store is never followed: the host rejects such stacks."""
         out = [m]
-        cur = m
         for _ in range(frames - 1):
-            p = self._prev(cur)
-            step = (p >= 0) & (is_last[p.clamp(min=0)] == 0)
-            cur = torch.where(step, p, cur)
-            out.append(cur)
-        return torch.stack(out[::-1], 1)
+            out.append(self._back[out[-1]])
+        return self._torch.stack(out[::-1], 1)
 
     def _window(self, m: Any) -> tuple[Any, Any, Any, Any, Any]:
         """The n-step window from ``m``: (bootstrap row, return, discount, terminated, truncated)."""
