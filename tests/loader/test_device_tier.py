@@ -32,14 +32,16 @@ def _same(got, want):
     assert got.weights is None and set(got.extra) == set(want.extra)
 
 
-@pytest.mark.parametrize("n_step", [1, 3])
-def test_batches_equal_the_host_path_with_the_same_seed_as_rows_arrive(tmp_path, n_step):
+@pytest.mark.parametrize("n_step,lane_segments", [(1, False), (3, False), (3, True)])
+def test_batches_equal_the_host_path_with_the_same_seed_as_rows_arrive(tmp_path, n_step, lane_segments):
     schema = mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8)
     s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16, capacity=100_000)
     rng = np.random.default_rng(1)
     host = mmreplay.UniformSampler(s, frame_stack=4, n_step=n_step, gamma=0.9, seed=3)
     tier = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, n_step=n_step, gamma=0.9, seed=3), "cpu")
-    w = s.writer(lanes=LANES)
+    with s.writer(lanes=LANES, lane_segments=lane_segments) as first:  # an earlier session: stacks never reach it
+        _steps(first, rng, 0, 12)
+    w = s.writer(lanes=LANES, lane_segments=lane_segments)
     t = 0
     for grow in (60, 40, 25):  # rows committed between batches: the mirror appends them
         _steps(w, rng, t, grow)
