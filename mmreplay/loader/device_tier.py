@@ -57,7 +57,9 @@ class DeviceTier:
         Where the mirror lives and batches are built (``"cuda"``, ``torch.device("cpu")``).
     budget_bytes
         Device memory the mirror may take; ``None``: on CUDA 90% of the memory free when the tier
-        is made, elsewhere no bound. Growing past it raises ``ValueError``.
+        is made, elsewhere no bound. Growing past it raises ``ValueError``. With a budget the
+        first ``refresh`` allocates blocks for the store's whole ``capacity`` (as many as the
+        budget allows), so the mirror rarely grows: growing copies it, old and new held at once.
     float_dtype
         If set, float and uint8 fields (frames) are cast to it on the device, as ``tensor_batch``.
     """
@@ -122,6 +124,8 @@ class DeviceTier:
                              f"`budget_bytes`={self.budget_bytes}: the device tier is for stores that fit")
         n = max(need, 2 * self._blocks)
         if self.budget_bytes is not None:
+            if self._blocks == 0:  # the store's capacity at once, if it fits: growing holds two copies
+                n = max(n, -(-self.store.capacity // self._R) + 4)  # + open and not yet evicted ones
             n = max(need, min(n, self.budget_bytes // block_bytes))
         for name, _, _, dtype, shape in self._cols:
             t = torch.empty((n * self._R, *shape), dtype=_torch_dtype(torch, dtype), device=self.device)
