@@ -206,6 +206,19 @@ class DeviceTier:
         self.rows_copied += copied
         return copied
 
+    def close(self) -> None:
+        """Free the mirror's device memory (idempotent); the tier can refill it with ``refresh``
+        (every row copied again). The sampler is the caller's: it is not closed."""
+        self._cols_t, self._back, self._meta, self._snap = {}, None, None, None
+        self._blocks, self._block_of, self._free = 0, {}, []
+        self._count, self._lut = np.zeros(0, np.int64), np.full(0, -1, np.int64)
+
+    def __enter__(self) -> DeviceTier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- lanes on the device ------------------------------------------------------------------------
     def _prev(self, m: Any) -> Any:
         """The previous row of each row's lane; -1 at the start of its session (or gone)."""

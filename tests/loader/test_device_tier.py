@@ -107,3 +107,30 @@ def test_segments_evicted_meanwhile_give_their_blocks_to_new_ones(tmp_path):
     assert tier.nbytes == (96 // 16 + 4) * 16 * tier.row_bytes  # allocated for the capacity once, blocks reused
     w.close()
     s.close()
+
+
+def test_dict_observations_and_extra_fields(tmp_path):
+    import gymnasium as gym
+
+    space = gym.spaces.Dict({"img": gym.spaces.Box(0, 255, (5, 5), np.uint8), "pos": gym.spaces.Box(-1, 1, (2,))})
+    schema = mmreplay.Schema.from_spaces(space, gym.spaces.Discrete(3), extra=[mmreplay.Field("q", np.float32, (2,))])
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16)
+    rng = np.random.default_rng(5)
+    with s.writer(lanes=2) as w:
+        for t in range(60):
+            end = rng.random(2) < 0.1
+            w.add(**{"obs/img": rng.integers(0, 256, (2, 5, 5), dtype=np.uint8),
+                     "obs/pos": rng.random((2, 2), np.float32), "action": rng.integers(0, 3, 2),
+                     "reward": rng.random(2), "terminated": end, "truncated": np.zeros(2, bool),
+                     "q": rng.random((2, 2), np.float32)})
+    host = mmreplay.UniformSampler(s, frame_stack=2, n_step=2, seed=1)
+    with DeviceTier(mmreplay.UniformSampler(s, frame_stack=2, n_step=2, seed=1), "cpu") as tier:
+        for _ in range(3):
+            got, want = tier.sample(40), tensor_batch(host.sample(40), "cpu")
+            assert set(got.obs) == {"img", "pos"} and set(got.extra) == {"q"}
+            for k in ("img", "pos"):
+                assert torch.equal(got.obs[k], want.obs[k]) and torch.equal(got.next_obs[k], want.next_obs[k])
+            assert torch.equal(got.extra["q"], want.extra["q"])
+            assert torch.equal(got.reward, want.reward) and torch.equal(got.discount, want.discount)
+    assert tier.nbytes == 0  # closed: the mirror is freed
+    s.close()
