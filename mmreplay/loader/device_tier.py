@@ -284,7 +284,13 @@ class DeviceTier:
         self.refresh()
         R = self.store.segment_records
         rows = self._lut[ids // R] * self._R + ids % R
-        m = torch.from_numpy(rows).to(self.device)
+        if self.device.type == "cuda":  # a pinned block from torch's caching host allocator, which
+            # reuses it only after this copy finished: the draw of the next batch overlaps this one
+            staged = torch.empty(len(rows), dtype=torch.int64, pin_memory=True)
+            staged.numpy()[:] = rows
+            m = staged.to(self.device, non_blocking=True)
+        else:
+            m = torch.from_numpy(rows).to(self.device)
         boot, ret, disc, term, trunc = self._window(m)
         frames = self.sampler.frame_stack
         c = self._cols_t
