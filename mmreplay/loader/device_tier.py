@@ -109,6 +109,10 @@ class DeviceTier:
         self._back: Any = None  # per mirrored row: the row its frame stack steps back to
         self.rows_copied = 0
         """Rows copied to the device so far (each once)."""
+        live = len(self.store.reader.segment_table())
+        if budget_bytes is not None and live * self._R * self.row_bytes > budget_bytes:
+            raise ValueError(f"the store's {live} live segments need {live * self._R * self.row_bytes} bytes on "
+                             f"{self.device}, over `budget_bytes`={budget_bytes}: the device tier is for stores that fit")
 
     # -- the mirror --------------------------------------------------------------------------------
     @property

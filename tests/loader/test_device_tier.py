@@ -86,9 +86,16 @@ def test_refusals(tmp_path):
         DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, prefetch_batches=2), "cpu")
     with pytest.raises(ValueError, match="frame_stack > 1 or n_step > 1"):
         DeviceTier(mmreplay.UniformSampler(s), "cpu")
-    small = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, seed=0), "cpu", budget_bytes=16 * 40)
+    with pytest.raises(ValueError, match="over `budget_bytes`=640"):  # the store does not fit: refused at once
+        DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, seed=0), "cpu", budget_bytes=640)
+    row_bytes = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4), "cpu").row_bytes
+    fits = len(s.reader.segment_table()) * 16 * row_bytes  # a block for each segment now, no more
+    tier = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, seed=0), "cpu", budget_bytes=fits)
+    tier.sample(8)
+    with s.writer(lanes=LANES) as w:  # the store outgrows the budget as it is written
+        _steps(w, np.random.default_rng(0), 0, 40)
     with pytest.raises(ValueError, match="budget_bytes"):
-        small.sample(8)
+        tier.sample(8)
     s.close()
 
 
