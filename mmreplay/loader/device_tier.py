@@ -112,7 +112,8 @@ class DeviceTier:
         live = len(self.store.reader.segment_table())
         if budget_bytes is not None and live * self._R * self.row_bytes > budget_bytes:
             raise ValueError(f"the store's {live} live segments need {live * self._R * self.row_bytes} bytes on "
-                             f"{self.device}, over `budget_bytes`={budget_bytes}: the device tier is for stores that fit")
+                             f"{self.device}, over `budget_bytes`={budget_bytes}: the device tier is for stores "
+                             "that fit")
 
     # -- the mirror --------------------------------------------------------------------------------
     @property

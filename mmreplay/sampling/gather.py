@@ -50,8 +50,8 @@ def kernels() -> Any:
 
         _KERNELS = SimpleNamespace(
             sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
-            draw_and_gather=w.draw_and_gather, draw_starts=w.draw_starts, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
-            window_codes=w.window_codes,
+            draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
+            window_codes=w.window_codes, draw_starts=w.draw_starts,
             locate_and_gather=w.locate_and_gather, gather_sequences=w.gather_sequences, sample_rows=t.sample_rows,
             update_rows=t.update_rows,
             SumTree=t.SumTree, advise_windows=io.advise_windows, pread_at=io.pread_at,
