@@ -15,7 +15,9 @@ each timed phase, so rates count finished work):
 * ``data``: Atari batches (84x84 uint8 frames, stacks of 4) from a disk-backed store of
   ``--rows`` rows to the device: synchronous (``sampler.sample`` + ``tensor_batch``), and
   ``BatchLoader`` with 1 and ``--workers`` gather threads, in ``--rounds`` interleaved rounds
-  (median). The device tier (frames mirrored in GPU memory) is not built: its row says so.
+  (median); and the device tier (``mmreplay.loader.device_tier``: the store mirrored in device
+  memory, starts drawn on the host, stacks and the gather on the device), after checking that
+  its first batches equal the host path's with the same seed (``equal_to_host``).
 """
 
 from __future__ import annotations
@@ -113,9 +115,43 @@ def data_rows(args: argparse.Namespace, device: torch.device, store: mmreplay.Re
             rows.append({"part": "data", "batch": batch, "mode": mode, "batches_per_s": med, "rounds": vals,
                          "vs_synchronous": med / sync_rate})
             print(f"| data | {batch} | {mode} | {med:,.0f} batches/s | {med / sync_rate:.2f}x |", flush=True)
-        rows.append({"part": "data", "batch": batch, "mode": "device tier", "batches_per_s": None,
-                     "note": "not built"})
+        rows.append(device_tier_row(args, device, store, batch, sync_rate))
     return rows
+
+
+def device_tier_row(args: argparse.Namespace, device: torch.device, store: mmreplay.ReplayStore, batch: int,
+                    sync_rate: float) -> dict[str, Any]:
+    """``DeviceTier``: the store mirrored on the device, starts drawn on the host, stacks and the
+    gather on the device; timed like the other modes (a sampler seeded by the round), after a
+    check that its first batches equal the host path's with the same seed."""
+    from mmreplay.loader import tensor_batch
+    from mmreplay.loader.device_tier import DeviceTier
+
+    host = mmreplay.UniformSampler(store, frame_stack=4, seed=99)
+    check = DeviceTier(mmreplay.UniformSampler(store, frame_stack=4, seed=99), device)
+    t0 = time.perf_counter()
+    check.refresh()
+    sync(device)
+    mirror_s = time.perf_counter() - t0
+    equal = True
+    for _ in range(3):
+        got, want = check.sample(batch), tensor_batch(host.sample(batch), device)
+        equal &= all(torch.equal(getattr(got, f), getattr(want, f))
+                     for f in ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated"))
+    mirror_bytes = check.nbytes
+    del check
+    vals = []
+    for r in range(args.rounds):
+        tier = DeviceTier(mmreplay.UniformSampler(store, frame_stack=4, seed=r), device)
+        tier.refresh()
+        vals.append(timed(lambda: tier.sample(batch), args.seconds, device))
+        del tier
+    med = float(np.median(vals))
+    print(f"| data | {batch} | device tier | {med:,.0f} batches/s | {med / sync_rate:.2f}x |"
+          f" equal to host: {equal}, mirror {mirror_bytes / 2**20:,.0f} MiB in {mirror_s:.2f} s |", flush=True)
+    return {"part": "data", "batch": batch, "mode": "device tier", "batches_per_s": med, "rounds": vals,
+            "vs_synchronous": med / sync_rate, "equal_to_host": bool(equal), "mirror_bytes": mirror_bytes,
+            "mirror_s": mirror_s}
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ Below ``uniform``, ``prioritized``, ``sequence`` and ``_prefetch`` (it imports n
   rounds. The source is either a generator state (the kernel draws uniform rows itself) or an
   object with ``take(remaining)`` / ``consumed(used)`` (``Once``: given rows; ``DrawAhead``: a
   stream drawn ahead). They return how many rows they filled; callers raise their own error.
+  ``draw_window_starts``: the starts ``gather_windowed`` would gather from a generator state, and
+  nothing else (for gathers done elsewhere, e.g. on a device).
 * ``assemble``: views of the gathered blocks as a ``TransitionBatch`` (no copy).
 """
 
@@ -49,7 +51,7 @@ def kernels() -> Any:
         _KERNELS = SimpleNamespace(
             sample_transitions=k.sample_transitions, gather_at=k.gather_at, draw_rows=k.draw_rows,
             draw_and_gather=w.draw_and_gather, gather_windows=w.gather_windows, valid_starts=w.valid_starts,
-            window_codes=w.window_codes,
+            window_codes=w.window_codes, draw_starts=w.draw_starts,
             locate_and_gather=w.locate_and_gather, gather_sequences=w.gather_sequences, sample_rows=t.sample_rows,
             update_rows=t.update_rows,
             SumTree=t.SumTree, advise_windows=io.advise_windows, pread_at=io.pread_at,
@@ -322,6 +324,25 @@ def gather_windowed(store: ReplayStore, view: TransitionView, plan: WindowPlan, 
         if filled == batch_size:
             break
     return filled, ids, window
+
+
+def draw_window_starts(store: ReplayStore, view: TransitionView, state: np.ndarray, batch_size: int,
+                       seg: np.ndarray) -> tuple[int, np.ndarray]:
+    """The starts ``gather_windowed`` would gather from generator state ``state`` (drawn and
+    checked in the same rounds, the state advanced the same way), without gathering anything:
+    ``(filled, ids)``, the batch complete when ``filled == batch_size``."""
+    reader = store.reader
+    flags, rew = window_consts(store)
+    ids = np.empty(batch_size, np.int64)
+    filled = 0
+    draw = kernels().draw_starts
+    for _ in range(MAX_ROUNDS):
+        want = batch_size - filled + 4 + (batch_size - filled) // 16  # as gather_windowed draws
+        filled = draw(state, want, seg, reader.bytes, store.layout.record_bytes, flags, rew, view.n_step, view.gamma,
+                      view.frame_stack, filled, ids, reader.snapshot.segment_ids, store.segment_records)
+        if filled == batch_size:
+            break
+    return filled, ids
 
 
 def gather_starts(store: ReplayStore, view: TransitionView, plan: WindowPlan, out: np.ndarray, starts: np.ndarray,

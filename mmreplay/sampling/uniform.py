@@ -36,6 +36,7 @@ from .gather import (
     WindowPlan,
     assemble,
     check_batch_size,
+    draw_window_starts,
     gather_starts,
     gather_transitions,
     gather_windowed,
@@ -420,6 +421,25 @@ class UniformSampler(TransitionSampler):
         if self._fetcher is not None:
             return self.sample(batch_size).ids
         ids = self._sample_raw(batch_size)[2]
+        self._after_batch()
+        return ids
+
+    def draw_starts(self, batch_size: int) -> np.ndarray:
+        """The global row ids ``sample(batch_size)`` would return next, drawn and checked the same
+        way (the generator advanced as ``sample`` advances it), without gathering any payload: for
+        gathers done elsewhere (``mmreplay.loader.device_tier``). Needs a windowed view
+        (``frame_stack > 1`` or ``n_step > 1``), ``mode="exact"`` and no ``prefetch_batches``."""
+        batch_size = check_batch_size(batch_size)
+        if not self.windowed or self.mode != "exact" or self._fetcher is not None:
+            raise ValueError("draw_starts() needs frame_stack > 1 or n_step > 1, mode='exact' and no "
+                             f"prefetch_batches, got frame_stack={self.frame_stack}, n_step={self.n_step}, "
+                             f"mode={self.mode!r}, prefetch_batches={self.prefetch_batches}")
+        self._prepare()
+        if self.store.reader.snapshot.total_rows == 0:
+            raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
+        filled, ids = draw_window_starts(self.store, self._span, self._state, batch_size, self._draw_table())
+        if filled < batch_size:
+            raise EmptyStoreError(f"{self.store.path} has too few complete {self.n_step}-step windows to sample from")
         self._after_batch()
         return ids
 

@@ -235,6 +235,37 @@ def draw_and_gather(state, nrand, seg, region, rec_bytes, flags, rew, n_step, ga
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def draw_starts(state, nrand, seg, region, rec_bytes, flags, rew, n_step, gamma, frames, start, ids, seg_ids,
+                seg_records):  # pragma: no cover - compiled
+    """``draw_and_gather``'s draw and checks without the copies: ``nrand`` uniform candidates from
+    ``state``, kept (their global ids into ``ids[start..]``) when ``gather_windows`` would gather
+    them. Returns the rows filled, as ``draw_and_gather`` does: same state, same starts."""
+    ks, slots = draw_rows(state, nrand, seg)
+    f4 = region.view(np.float32)
+    f8 = region.view(np.float64)
+    fk = np.empty(frames, np.int64)
+    fs = np.empty(frames, np.int64)
+    b = ids.shape[0]
+    i = start
+    j = 0
+    while i < b and j < ks.shape[0]:
+        k = ks[j]
+        slot = slots[j]
+        j += 1
+        ok, nk, ns, _, _, _, _ = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
+        if ok != WINDOW_OK:
+            continue
+        if frames > 1:  # the start's stack; the bootstrap row's too when it is gathered on its own
+            if not stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs):
+                continue
+            if n_step > 1 and not stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs):
+                continue
+        ids[i] = seg_ids[k] * seg_records + slot
+        i += 1
+    return i
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def locate_and_gather(want, seg, region, rec_bytes, flags, rew, n_step, gamma, frames, fields, stacked, out, ids,
                       seg_ids, seg_records, ret, discount, term, trunc):  # pragma: no cover - compiled
     """The transitions starting at global row ids ``want``, located as ``StoreReader.locate`` does

@@ -25,6 +25,10 @@ the device ahead of need, so the learner does not wait for data.
   ``close()`` stops the workers promptly and frees the buffers; ``profile=True`` records, per
   batch, the time the consumer waited for data (``stats()``).
 
+Modules: this one (``BatchLoader``, ``TensorBatch``, ``tensor_batch``) and ``device_tier``
+(``DeviceTier``: a store that fits on the card mirrored there as it is written; indices drawn on
+the host with the sampler's own stream, stacks, n-step windows and the gather on the device).
+
 torch is imported when a loader is made, not by ``import mmreplay``.
 """
 
@@ -42,8 +46,8 @@ import numpy as np
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from .sampling.uniform import TransitionSampler
-    from .storage import TransitionBatch
+    from ..sampling.uniform import TransitionSampler
+    from ..storage import TransitionBatch
 
 
 @dataclass
@@ -459,7 +463,7 @@ def _forks(sampler: TransitionSampler, n: int) -> list[Any]:
     never refresh the store themselves."""
     if n == 0:
         return []
-    from .sampling.uniform import UniformSampler
+    from ..sampling.uniform import UniformSampler
 
     if type(sampler) is not UniformSampler:
         raise ValueError(f"`workers` > 1 needs a UniformSampler, got {type(sampler).__name__} "
