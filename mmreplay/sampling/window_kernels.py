@@ -147,6 +147,22 @@ def stack_rows(seg, region, rec_bytes, is_last_off, frames, k, slot, ks, slots):
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
+def window_served(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, frames, k, slot, stack, stack_next,
+                  fk, fs, gk, gs):  # pragma: no cover - compiled
+    """Whether the window starting at (``k``, ``slot``) is served: its ``walk`` is complete and,
+    with ``stack``, its start's stack (into ``fk``/``fs``) and, with ``stack_next``, its bootstrap
+    row's stack (into ``gk``/``gs``) can be built. Returns ``(served, *walk's results but the first)``;
+    the one rule of the gathering and the drawing kernels (a start either is served or is skipped)."""
+    ok, nk, ns, g, disc, te, tr = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
+    served = ok == WINDOW_OK
+    if served and stack:
+        served = stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs)
+        if served and stack_next:
+            served = stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, gk, gs)
+    return served, nk, ns, g, disc, te, tr
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
 def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, cand_k, cand_slot, start,
                    fields, stacked, out, ids, seg_ids, seg_records, ret, discount, term, trunc):  # pragma: no cover
     """Fill batch rows ``start..`` from candidate starts, skipping invalid ones (for uniform
@@ -189,14 +205,10 @@ def gather_windows(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ca
         k = cand_k[j]
         slot = cand_slot[j]
         j += 1
-        ok, nk, ns, g, disc, te, tr = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
-        if ok != WINDOW_OK:
+        served, nk, ns, g, disc, te, tr = window_served(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma,
+                                                        frames, k, slot, stacked.shape[0] > 0, has_next, fk, fs, gk, gs)
+        if not served:  # an incomplete window, or a stack that cannot be served: skipped
             continue
-        if stacked.shape[0]:  # the stacks first: a start whose stack cannot be served is skipped
-            if not stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs):
-                continue
-            if has_next and not stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, gk, gs):
-                continue
         ids[i] = seg_ids[k] * seg_records + slot
         ret[i] = g
         discount[i] = disc
@@ -252,14 +264,10 @@ def draw_starts(state, nrand, seg, region, rec_bytes, flags, rew, n_step, gamma,
         k = ks[j]
         slot = slots[j]
         j += 1
-        ok, nk, ns, _, _, _, _ = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
-        if ok != WINDOW_OK:
+        # the start's stack; the bootstrap row's too when it is gathered on its own (n_step > 1)
+        if not window_served(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, frames, k, slot, frames > 1,
+                             n_step > 1, fk, fs, fk, fs)[0]:
             continue
-        if frames > 1:  # the start's stack; the bootstrap row's too when it is gathered on its own
-            if not stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs):
-                continue
-            if n_step > 1 and not stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs):
-                continue
         ids[i] = seg_ids[k] * seg_records + slot
         i += 1
     return i

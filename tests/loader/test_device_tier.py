@@ -23,6 +23,15 @@ def _steps(w, rng, t0, steps):
               terminated=kind == 1, truncated=kind == 2)
 
 
+def _filled(path, seed, steps):
+    """A store of 6x6 uint8 frames with ``steps`` steps of LANES lanes (closed, no final observations)."""
+    s = mmreplay.create_store(path, mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8),
+                              segment_records=16)
+    with s.writer(lanes=LANES) as w:
+        _steps(w, np.random.default_rng(seed), 0, steps)
+    return s
+
+
 def _same(got, want):
     for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount"):
         a, b = getattr(got, name), getattr(want, name)
@@ -59,10 +68,7 @@ def test_batches_equal_the_host_path_with_the_same_seed_as_rows_arrive(tmp_path,
 
 
 def test_frame_stack_one_and_float_dtype(tmp_path):
-    schema = mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8)
-    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16)
-    with s.writer(lanes=LANES) as w:
-        _steps(w, np.random.default_rng(2), 0, 80)
+    s = _filled(tmp_path / "s", 2, 80)
     host = mmreplay.UniformSampler(s, n_step=4, seed=0)
     tier = DeviceTier(mmreplay.UniformSampler(s, n_step=4, seed=0), "cpu", float_dtype=torch.float16)
     got, want = tier.sample(50), tensor_batch(host.sample(50), "cpu", float_dtype=torch.float16)
@@ -72,10 +78,7 @@ def test_frame_stack_one_and_float_dtype(tmp_path):
 
 
 def test_refusals(tmp_path):
-    schema = mmreplay.Schema.transition(obs_shape=(6, 6), obs_dtype=np.uint8)
-    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=16)
-    with s.writer(lanes=LANES) as w:
-        _steps(w, np.random.default_rng(0), 0, 40)
+    s = _filled(tmp_path / "s", 0, 40)
     with pytest.raises(ValueError, match="UniformSampler, got PrioritizedSampler"):
         DeviceTier(mmreplay.PrioritizedSampler(s, frame_stack=4, seed=0), "cpu")
     with pytest.raises(ValueError, match="UniformSampler, got SequenceSampler"):
