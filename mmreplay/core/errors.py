@@ -76,9 +76,19 @@ class CorruptStoreError(MMReplayError):
 
 
 class CorruptSegmentError(MMReplayError):
-    """A segment file is damaged: bad header, wrong size, foreign store or failed checksum."""
+    """A segment file is damaged: bad header, wrong size, foreign store or failed checksum.
+
+    ``kind`` says which, for recovery's triage: ``"header"`` (magic, checksum), ``"foreign"``
+    (a segment of another store), ``"schema"``, ``"layout"``, ``"short"`` (the file is shorter
+    than its header says), ``"counts"`` (header fields out of range), ``"rows"`` (a row fails its
+    check), or ``""``."""
 
     hint = "run `mmreplay verify PATH --repair` to quarantine damaged segments"
+    kind: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None, kind: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.kind = kind
 
 
 class FormatVersionError(CorruptSegmentError):

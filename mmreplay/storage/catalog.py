@@ -63,6 +63,14 @@ class CatalogState:
     torn_lines: int = 0
     max_segment_id: int = -1
     """The highest segment id any line names (a damaged id counter is rebuilt above it)."""
+    departed: set[str] = field(default_factory=set)
+    """Segments a departure line names (evicted, quarantined or removed)."""
+    removed: dict[str, str] = field(default_factory=dict)
+    """Segments removed (not evicted): name -> why (``recovery``: it held no row; ``lost``: a repair
+    acknowledged its file gone)."""
+    gaps: set[tuple[int, int, int]] = field(default_factory=set)
+    """Chain positions ``(writer id, session epoch, chain index)`` a repair acknowledged as lost
+    (a segment gone while the catalog that would name it was missing or cut)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,9 @@ class SegmentRecord:
     bad: tuple[tuple[int, int], ...] = ()
     masked: bool = False
     """Written by ``verify --repair``: the damage is acknowledged."""
+    torn: tuple[tuple[int, int], ...] = ()
+    """Rows recovery found torn (never made durable, failing their checks): lost, reported when
+    found, left out like damaged rows and never a problem for ``verify``."""
 
 
 def _line(event: dict[str, object]) -> bytes:
@@ -137,7 +148,8 @@ class Catalog:
             elif kind in ("checked", "masked"):
                 rec = SegmentRecord(tuple(event["id"]),  # type: ignore[arg-type]
                                     tuple((int(a), int(b)) for a, b in event.get("bad", ())),  # type: ignore[union-attr]
-                                    kind == "masked")
+                                    kind == "masked",
+                                    tuple((int(a), int(b)) for a, b in event.get("torn", ())))  # type: ignore[union-attr]
                 old = state.checks.get(seg)
                 if old is not None and old.masked and old.identity == rec.identity and set(rec.bad) <= set(old.bad):
                     continue  # a later check of the same file finds what a repair masked: still masked
@@ -145,19 +157,31 @@ class Catalog:
             elif kind == "evictions":  # a compaction's count of the evictions it folded
                 why = str(event.get("why", "capacity"))
                 state.evicted[why] = state.evicted.get(why, 0) + int(event.get("n", 0))  # type: ignore[call-overload]
+            elif kind == "gap":
+                state.gaps.add((int(event["w"]), int(event["ep"]), int(event["ci"])))  # type: ignore[call-overload]
             elif kind in DEPARTURES:
                 state.live.pop(seg, None)
+                state.departed.add(seg)
                 if kind == "evicted":
                     why = str(event.get("why", "capacity"))
                     state.evicted[why] = state.evicted.get(why, 0) + 1
                 elif kind == "quarantined":
                     state.quarantined.append(seg)
+                else:
+                    state.removed[seg] = str(event.get("why", ""))
         self._known = set(state.live)
         return state
 
     def _append(self, event: dict[str, object], more: bytes = b"", *, sync: bool = True) -> None:
         line = _line(event) + more
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:  # the first line: the log's directory entry is made durable with it
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            sync = True
+            created = True
+        else:
+            created = False
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -172,6 +196,10 @@ class Catalog:
                 os.fsync(fd)
         finally:
             os.close(fd)
+        if created:
+            from ..core.fs import fsync_dir
+
+            fsync_dir(self.path.parent)
 
     def sync(self) -> None:
         """fsync the log: every line written so far survives a power loss."""
@@ -211,11 +239,20 @@ class Catalog:
         self._known.update(n for n, _ in new)
 
     def checked(self, name: str, identity: tuple[int, ...], bad: tuple[tuple[int, int], ...], *,
-                masked: bool = False) -> None:
+                masked: bool = False, torn: tuple[tuple[int, int], ...] = ()) -> None:
         """Record a check of segment ``name`` (file ``identity``) and its damaged slot ranges;
-        ``masked``: written by a repair that acknowledges them."""
-        self._append({"e": "masked" if masked else "checked", "seg": name, "id": list(identity),
-                      "bad": [list(r) for r in bad]}, sync=masked)  # a lost check is only done again
+        ``masked``: written by a repair that acknowledges them; ``torn``: rows recovery found torn
+        (lost and reported; fsynced, like a mask)."""
+        event: dict[str, object] = {"e": "masked" if masked else "checked", "seg": name, "id": list(identity),
+                                    "bad": [list(r) for r in bad]}
+        if torn:
+            event["torn"] = [list(r) for r in torn]
+        self._append(event, sync=masked or bool(torn))  # a lost check is only done again
+
+    def gap(self, writer_id: int, epoch: int, chain_index: int) -> None:
+        """Record (fsynced) that a repair acknowledged chain position ``(writer_id, epoch,
+        chain_index)`` as lost: no file holds it and no line names it."""
+        self._append({"e": "gap", "seg": "", "w": int(writer_id), "ep": int(epoch), "ci": int(chain_index)})
 
     def departed(self, name: str | list[str], event: str, why: str | None = None, *, sync: bool = True) -> None:
         """Record, before the files go, that segment ``name`` (or each of a list, with one write
@@ -251,18 +288,27 @@ class Catalog:
                 return False
         except FileNotFoundError:
             return False
+        self.rewrite(present)
+        return True
+
+    def rewrite(self, present: set[str]) -> None:
+        """Rewrite the log with what its readable lines still say (see ``compact_if_large``; a
+        ``verify --repair`` also drops the lines a crash cut or damage spoilt this way), atomically.
+        ``present``: the segment files in the directory now."""
         from ..core.fs import atomic_write
 
         state = self.read()
         events: list[dict[str, object]] = [{"e": "evictions", "why": why, "n": n} for why, n in sorted(state.evicted.items())]
         events += [{"e": "quarantined", "seg": n} for n in state.quarantined]
+        events += [{"e": "removed", "seg": n, **({"why": w} if w else {})} for n, w in sorted(state.removed.items())]
         events += [{"e": "sealed", "seg": n, "rows": r} for n, r in sorted(state.live.items())]
         for name, rec in sorted(state.checks.items()):
             if name in state.live or name in present:
                 events.append({"e": "masked" if rec.masked else "checked", "seg": name, "id": list(rec.identity),
-                               "bad": [list(r) for r in rec.bad]})
+                               "bad": [list(r) for r in rec.bad], **({"torn": [list(r) for r in rec.torn]}
+                                                                     if rec.torn else {})})
+        events += [{"e": "gap", "seg": "", "w": w, "ep": ep, "ci": ci} for w, ep, ci in sorted(state.gaps)]
         data = b"".join(_line(e) for e in events)
         atomic_write(self.path, data)
         self._known = set(state.live)
         self._compacted_bytes = len(data)
-        return True

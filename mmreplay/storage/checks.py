@@ -13,9 +13,12 @@ Invariants:
 
 * a reader never serves a row of a sealed segment it has not checked: until then the segment is
   left out of its snapshot (checked at once when the pending bytes are few, else by
-  ``Checker``'s background thread; ``ReplayStore.wait_checked`` waits for it). Rows of open
-  segments are served as their writer published them (the writer computed their checksums from
-  the bytes it wrote) and, after a crash, only once recovery has checked them;
+  ``Checker``'s background thread; ``ReplayStore.wait_checked`` waits for it). Rows of a live
+  writer's open segment are served as their writer published them (the writer computed their
+  checksums from the bytes it wrote, and they are in the page cache); an open segment whose writer
+  is dead when a reader first maps it (no process holds its writer lock: killed, or gone with a
+  power loss that may have torn what it published) is checked like a sealed one before any of
+  its rows is served, and its check is not remembered (recovery seals it);
 * damaged rows are **masked** one by one (format 2 segments: a failed commit group crc is located
   by the row digests, ``format.py``; format 1 segments: a whole commit group, the rows one
   append published): their bytes stay in the file, excluded from every view, and every
@@ -162,6 +165,8 @@ def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
 class CheckJob:
     name: str
     committed: int
+    sealed: bool = True
+    """A sealed segment (its check is remembered in the catalog); else a dead writer's open one."""
 
 
 class Checker:
@@ -207,7 +212,7 @@ class Checker:
         rec = self._records.get(name)
         if rec is None or tuple(rec.identity) != tuple(ident):
             return None
-        return from_ranges(rec.bad)
+        return np.union1d(from_ranges(rec.bad), from_ranges(rec.torn))  # torn rows (recovery's) are left out too
 
     def _reread(self) -> None:
         """Read the catalog again if someone appended to it or compacted it since."""
@@ -244,7 +249,8 @@ class Checker:
         except FileNotFoundError:
             return None, "gone"
         self.checked += 1
-        self.record(job.name, ident, bad)
+        if job.sealed:
+            self.record(job.name, ident, bad)
         return ident, bad
 
     def record(self, name: str, ident: tuple[int, ...], bad: np.ndarray) -> None:

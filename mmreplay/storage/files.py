@@ -48,7 +48,7 @@ from ..core import failpoint as _failpoint
 from ..core.errors import CorruptStoreError, StoreFullError
 from ..core.schema import Schema
 from .catalog import Catalog, CatalogState
-from .format import STATE_SEALED, Layout
+from .format import STATE_SEALED, Header, Layout
 from .locks import ALLOC, LOCK_NAMES, FileLock
 from .manifest import COUNTERS, MANIFEST, read_counter, write_counter
 from .segment import parse_segment_name, segment_state
@@ -154,6 +154,41 @@ class StoreFiles:
                 return {}
             state = self.catalog.read()
         return {name: rows for name, rows in state.live.items() if name not in present}
+
+
+def chain_gaps(headers: list[Header], state: CatalogState, others: list[str], *,
+               catalog_missing: bool) -> list[tuple[int, int, int, int]]:
+    """Chain positions of writer sessions that no segment file holds and nothing explains:
+    ``(writer id, session epoch, chain index, rows)``; for a store whose catalog is missing or cut
+    (an intact catalog names every sealed segment, and its departures). A session writes its
+    chain in order (segment ids rising along it) and moves on only from a full segment, so every
+    position below the highest one present held ``usable_records`` rows. One between two present
+    positions is explained by a departure line or a quarantined (``.corrupt``) file of that writer
+    with an id between theirs (an eviction takes the oldest first, so never such a one); one before
+    the first present position is an eviction or a loss, which only a catalog tells apart: reported
+    when the catalog is missing (``catalog_missing``; evictions fsync their departures, so a cut
+    catalog keeps them). ``others``: file and catalog names that may explain a position (departed,
+    quarantined). Positions a repair acknowledged (``catalog.gap``) are left out. Segment ids have
+    gaps by design (one store-wide counter); chain indices do not."""
+    gone: dict[int, list[int]] = {}
+    for n in others:
+        parsed = parse_segment_name(n.split(".seg")[0] + ".seg") if ".seg" in n else None
+        if parsed is not None:
+            gone.setdefault(parsed[1], []).append(parsed[0])
+    chains: dict[tuple[int, int], dict[int, int]] = {}
+    usable: dict[tuple[int, int], int] = {}
+    for h in headers:
+        chains.setdefault((h.writer_id, h.session_epoch), {})[h.chain_index] = h.segment_id
+        usable[(h.writer_id, h.session_epoch)] = h.usable_records
+    out = []
+    for (wid, epoch), have in sorted(chains.items()):
+        present = sorted(have)
+        for lo, hi in zip(present, present[1:]):
+            if hi - lo > 1 and not any(have[lo] < i < have[hi] for i in gone.get(wid, ())):
+                out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(lo + 1, hi)]
+        if catalog_missing:
+            out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(present[0])]
+    return [g for g in out if g[:3] not in state.gaps]
 
 
 class Doomed:

@@ -224,17 +224,17 @@ class Header:
     @classmethod
     def unpack(cls, buf: bytes, path: object) -> Header:
         if len(buf) < HEADER_SIZE:
-            raise CorruptSegmentError(f"{path}: header truncated ({len(buf)} of {HEADER_SIZE} bytes)")
+            raise CorruptSegmentError(f"{path}: header truncated ({len(buf)} of {HEADER_SIZE} bytes)", kind="short")
         body = bytes(buf[: _HEADER.size])
         (magic, version, hsize, uuid, sid, wid, lanes, epoch, chain, first, shash, srec, urec, fsize, ctime) = (
             _HEADER.unpack(body)
         )
         if magic != MAGIC:
-            raise CorruptSegmentError(f"{path}: bad magic {magic!r}, not an mmreplay segment")
+            raise CorruptSegmentError(f"{path}: bad magic {magic!r}, not an mmreplay segment", kind="header")
         (crc,) = _HEADER_CRC.unpack_from(buf, _HEADER.size)
         if crc != crc32c(body) or hsize != HEADER_SIZE:  # checked first: a flipped bit in the version is damage
             newer = "" if version in READ_VERSIONS else f" (or format version {version}, which this mmreplay cannot read)"
-            raise CorruptSegmentError(f"{path}: header checksum mismatch{newer}")
+            raise CorruptSegmentError(f"{path}: header checksum mismatch{newer}", kind="header")
         if version not in READ_VERSIONS:
             raise FormatVersionError(f"{path}: format version {version}, this mmreplay reads versions "
                                      f"{', '.join(map(str, READ_VERSIONS))}")

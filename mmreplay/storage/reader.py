@@ -45,6 +45,7 @@ from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS,
                      kernel, read_control, seq_matches)
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
+from .locks import held_elsewhere, writer_lock_name
 from .segment import parse_segment_name, read_segment_meta
 from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, CheckJob, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
@@ -78,6 +79,8 @@ class _Mapped:
     """Why its check could not read it (left out for good)."""
     patch: DamagePatch | None = None
     """Its damaged rows, patched out of this reader's view."""
+    dead: bool = False
+    """An open segment whose writer was dead when this reader mapped it (checked like a sealed one)."""
 
 
 class StoreReader:
@@ -178,6 +181,9 @@ class StoreReader:
                 m.pending = self._unstarted = True
             elif len(bad):
                 self._damaged(m, bad, self.checker.acknowledged(name, ident))
+        elif self.checker is not None and m.committed and not held_elsewhere(
+                self.dir.parent / "locks" / writer_lock_name(header.writer_id)):
+            m.pending = m.dead = self._unstarted = True  # a dead writer's open segment: checked before it is served
         return m
 
     def _map_window(self, m: _Mapped, fd: int) -> None:
@@ -235,11 +241,11 @@ class StoreReader:
         self._unstarted = False  # every one is checked or queued below
         if todo and not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
             for m in todo:
-                self._checked(m, *c.run(CheckJob(m.name, m.committed)))
+                self._checked(m, *c.run(CheckJob(m.name, m.committed, not m.dead)))
             applied = True
         elif todo:
             todo.sort(key=lambda x: x.header.segment_id)  # oldest first
-            c.submit([CheckJob(m.name, m.committed) for m in todo])
+            c.submit([CheckJob(m.name, m.committed, not m.dead) for m in todo])
             for m in todo:
                 m.queued = True
         return applied
@@ -331,7 +337,8 @@ class StoreReader:
                 if self.on_corrupt == "raise" or self.verify == "strict":
                     raise
                 self.skipped[name] = str(exc)
-                log.warning("left out (its rows are not served; `mmreplay verify --repair` quarantines it): %s", exc)
+                log.warning("left out (its rows are not served; `mmreplay verify --repair` rebuilds its header from its "
+                            "writer session where its rows verify, else quarantines it): %s", exc)
         self.last_scan = time.monotonic()
 
     def _read_control(self, m: _Mapped) -> None:

@@ -1,32 +1,45 @@
-"""Recovery: bring segments left unfinished by a dead writer back, losing only what it left open.
+"""Recovery: bring back what a crash left unfinished, losing only what was never made durable.
 
-A segment whose writer died (``kill -9``, power loss) may still be OPEN. Its counters are caches;
-the checksummed stamps are the truth (SQLite's wal-index, Kafka's ``LogSegment.recover``).
-Recovery works session by session, in chain order, and tells two kinds of segment apart:
+A crash (``kill -9``, a power loss) may leave segments still OPEN, control pages or headers that
+never reached the disk (zeros), files half made or half evicted, and files under names that no
+longer match their headers. Counters are caches; the checksummed stamps are the truth (SQLite's
+wal-index, Kafka's ``LogSegment.recover``). Recovery runs at every writable open, for every writer
+id no live session holds, and when a writer session takes its id.
 
-* **the tail**: the last segment of a session that holds rows, if its control page says OPEN and
-  the catalog has no record of it sealed. This is what a dead writer left open: starting at the
-  control slot's ``synced`` count (all rows before it were made durable first), commit groups
-  are checked (``check_kernel``) and the segment is cut back to its longest valid prefix of
-  whole groups; groups past ``committed`` were never published and are dropped; the stamps of
-  the invalid tail are zeroed (so stale stamps cannot come back), and the segment is published
-  SEALED with ``committed = synced = prefix``;
-* **every other segment**, whatever its control page says: one the catalog records as sealed,
-  one the session wrote past (a session only moves on from a full segment, so its count is its
-  usable rows), one whose control page is SEALED but not yet synced, one whose two control slots
-  are damaged. Its count comes from the catalog, the chain or the control page, else from the
-  stamps; its rows are checked, and a damaged row is **masked** (left in the file, excluded by
-  every reader: ``checks.py``), never a cut. Its control page is then written again (SEALED,
-  synced) and its check recorded in the catalog.
+**Files first** (:func:`recover_abandoned`, under ``alloc.lock``):
 
-So damage in one segment never costs another: no later segment of a session is ever removed
-because an earlier one is damaged, and a sealed segment never loses its good rows. Recovery
-removes a file only when it holds no row (a segment made ahead of need and never written, an
-unfinished creation: ``.tmp`` files and zero headers), or when an eviction already recorded its
-departure (``.deleted``); each removal of a segment is recorded in the catalog first.
-``RecoveryReport.lines()`` says what was done, with the rows lost (a writable open logs them).
-Rows published before a ``kill -9`` are always kept (the page cache survives the process); after
-a power loss only rows before ``synced`` are guaranteed.
+* a file is **removed** only with durable evidence that it holds no needed row: a departure line
+  in the catalog (``catalog.py``) names it (an interrupted eviction is finished: its departure is
+  written, fsynced, before the unlink), or no ``sealed`` line names it and neither its control
+  page nor its stamps show a row (an unfinished creation: ``.tmp`` files, spares made ahead of
+  need, files whose header or size never reached the disk);
+* a file whose header is unreadable but whose stamps show rows gets its header **rebuilt** when
+  another segment of the same writer holds the session: every candidate session's epoch is tried
+  and the one under which the file's rows verify (the crc seed binds a row to its store, segment,
+  slot, sequence and session) is written back; every row that verifies is kept;
+* a file under the wrong name (its header names another segment id or writer) is **renamed** to
+  its header's name, through ``<name>.renaming`` so that two swapped files never overwrite each
+  other; a second file claiming a segment another file holds is set aside as a ``.dup.corrupt``;
+* anything else that cannot be read (a damaged header that cannot be rebuilt, a file cut short, a
+  segment of another store) is left in place and reported; ``verify --repair`` quarantines it
+  (renamed ``.corrupt``, kept) and counts its rows (the catalog's count) as lost.
+
+**Then each dead writer's segments**, session by session in chain order
+(:func:`recover_writer`). Every segment follows one rule, whatever its control page says: its
+count comes from the catalog (a segment recorded sealed), the chain (a session only moves on from
+a full segment), the control page, or, where a control slot is damaged, the stamps; every row from
+row 0 is checked (``check_kernel``); a failing row before the durable point (the control page's
+``synced`` count, every row for a segment sealed and synced) is **damaged**: masked, left in the
+file, excluded by every reader (``checks.py``) and reported for ``verify --repair``; a failing row
+past it was **torn** by a power loss (never made durable): lost, counted, and masked in place, or
+cut off when it ends the segment; every row after a bad one whose own stamp verifies is kept.
+The control page is then written again (SEALED, synced) and the check recorded in the catalog.
+Rows stamped past the control page's count were never published (or their publication never
+reached the disk): dropped and counted, their stamps zeroed so that they cannot come back.
+
+So damage in one segment never costs another, and a published row survives a ``kill -9`` (the page
+cache survives the process: every published row verifies). ``RecoveryReport.lines()`` says what was
+done, with the rows lost (a writable open logs them).
 """
 
 from __future__ import annotations
@@ -39,52 +52,73 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import (CONTROL_OFFSET, PAGE_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header, Layout,
-                     damaged_control_slots)
+from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header,
+                     Layout, damaged_control_slots, read_control)
 from ..core.errors import CorruptSegmentError
 from ..core.fs import fsync_dir
-from .segment import Segment, parse_segment_name, read_segment_meta
+from .segment import Segment, parse_segment_name, read_segment_meta, segment_name
 from .checks import identity, to_ranges
 from .locks import ALLOC, writer_lock_name
 
 if TYPE_CHECKING:
+    from .catalog import CatalogState
     from .files import StoreFiles
 
 log = logging.getLogger(__name__)
 
+RENAMING = ".renaming"
+"""Suffix of a segment file being moved to its header's name (finished by the next recovery)."""
+
 
 @dataclass
 class RecoveryReport:
-    """What recovery did: segments sealed, rows dropped or masked, files cleaned, files it could not read."""
+    """What recovery did: segments sealed, rows dropped or masked, files cleaned, renamed,
+    rebuilt, and files it could not read."""
 
     recovered: dict[str, int] = field(default_factory=dict)
-    """segment file -> rows kept."""
+    """segment file -> rows kept (served)."""
     dropped: dict[str, int] = field(default_factory=dict)
-    """segment file -> rows a dead writer never made durable that fail their checks (its open
-    tail past the valid prefix, or torn rows past the synced point of a segment it wrote past):
-    lost."""
+    """segment file -> rows a dead writer never made durable that fail their checks (torn), or that
+    it stamped past its last published count: lost."""
     masked: dict[str, int] = field(default_factory=dict)
-    """segment file -> damaged rows masked (their bytes stay in the file; never served)."""
+    """segment file -> damaged durable rows masked (their bytes stay in the file; never served)."""
     cleaned: list[str] = field(default_factory=list)
     """Files removed: unfinished creations, finished evictions, segments that never held a row."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """old file name -> new: files moved to their header's name."""
+    rebuilt: dict[str, int] = field(default_factory=dict)
+    """segment file -> rows that verify under the header rebuilt from its session."""
     unreadable: dict[str, str] = field(default_factory=dict)
+    gaps: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """``(writer id, session epoch, chain index)`` -> rows: chain positions no file holds and no
+    catalog line explains (the catalog was missing or cut), acknowledged in the catalog: lost."""
+    catalog: str = ""
+    """What was wrong with ``CATALOG.log`` (missing, cut): rebuilt from the segment files."""
 
     def __bool__(self) -> bool:
-        return bool(self.recovered or self.cleaned or self.unreadable)
+        return bool(self.recovered or self.cleaned or self.unreadable or self.renamed or self.rebuilt or self.gaps
+                    or self.catalog)
 
     @property
     def rows_lost(self) -> int:
-        return sum(self.dropped.values())
+        return sum(self.dropped.values()) + sum(self.gaps.values())
 
     def lines(self) -> list[str]:
         """One line per thing done, each with the rows it cost."""
-        out = [f"recovered {n}: kept {k:,} rows"
-               + (f", dropped {self.dropped[n]:,} torn or unpublished rows a dead writer never made durable (lost)"
-                  if self.dropped.get(n) else "")
-               + (f", masked {self.masked[n]:,} damaged rows" if self.masked.get(n) else "")
-               for n, k in sorted(self.recovered.items())]
+        out = [f"renamed {a} to {b} (the segment its header names)" for a, b in sorted(self.renamed.items())]
+        out += [f"rebuilt the header of {n} from its writer session's other segments ({k:,} rows verify)"
+                for n, k in sorted(self.rebuilt.items())]
+        out += [f"recovered {n}: kept {k:,} rows"
+                + (f", lost {self.dropped[n]:,} rows a dead writer never made durable (torn) or never published"
+                   if self.dropped.get(n) else "")
+                + (f", masked {self.masked[n]:,} damaged rows" if self.masked.get(n) else "")
+                for n, k in sorted(self.recovered.items())]
         out += [f"removed {n} (no row: {_why_clean(n)})" for n in self.cleaned]
         out += [f"left {n} alone: {why}" for n, why in sorted(self.unreadable.items())]
+        if self.catalog:
+            out.append(f"CATALOG.log {self.catalog}: every sealed segment file is catalogued again")
+        out += [f"lost: writer {w}'s session {ep:016x} has no segment at chain position {ci} ({rows:,} rows; "
+                "acknowledged)" for (w, ep, ci), rows in sorted(self.gaps.items())]
         return out
 
 
@@ -93,46 +127,308 @@ def _why_clean(name: str) -> str:
         return "an interrupted creation"
     if name.endswith(".deleted"):
         return "an interrupted eviction, finished"
-    return "made ahead of need and never written"
+    return "made ahead of need and never written, or its creation never reached the disk"
 
 
-def valid_prefix(seg: Segment, start: int, stop: int) -> int:
-    """Length of the longest valid prefix of ``seg``'s rows, checking groups from ``start``."""
-    return check_groups(seg.header, seg.layout, seg.stamps, seg.view, start, stop)
+# -- evidence read without trusting a header ------------------------------------------------------
+def stamp_column(path: os.PathLike[str], layout: Layout) -> np.ndarray:
+    """The stamps a file holds (as many as its size allows; empty if it is gone)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = os.pread(fh.fileno(), 16 * layout.segment_records, layout.stamps_offset)
+    except FileNotFoundError:
+        return np.zeros(0, STAMP_DTYPE)
+    return np.frombuffer(raw[: len(raw) // 16 * 16], STAMP_DTYPE)
 
 
-def check_groups(h: Header, layout: Layout, st: np.ndarray, view: Any, start: int, stop: int) -> int:
-    """Walk commit groups from ``start`` (a group boundary) towards ``stop``; return where the
-    first invalid group begins (``>= stop`` when all are valid). ``st`` is the segment's stamp
-    column, ``view`` a buffer of the whole segment file. The rule is ``check_kernel``'s."""
+def shows_rows(path: os.PathLike[str], layout: Layout) -> bool:
+    """Whether a file's control page (a valid slot with rows) or stamps (any row number) show a row,
+    read without its header."""
+    try:
+        with open(path, "rb") as fh:
+            page = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
+    except FileNotFoundError:
+        return False
+    if len(page) == 2 * CONTROL_SLOT_SIZE:
+        control, _ = read_control(page)
+        if control is not None and control.committed:
+            return True
+    return bool(np.any(stamp_column(path, layout)["seq"]))
+
+
+def stamped_extent(h: Header, st: np.ndarray) -> int:
+    """One past the last row whose stamp holds its own row number (0 if none)."""
+    n = min(len(st), h.usable_records)
+    want = np.arange(h.first_seq + 1, h.first_seq + n + 1, dtype=np.uint64)
+    seq = st["seq"][:n]
+    ok = (seq & np.uint64(SEQ_MASK)) == (want & np.uint64(SEQ_MASK)) if h.format_version >= 2 else seq == want
+    hit = np.flatnonzero(ok)
+    return int(hit[-1]) + 1 if len(hit) else 0
+
+
+# -- files: leftovers, names, headers --------------------------------------------------------------
+def _remove(path: Path) -> None:
+    doomed = path.with_name(path.name + ".deleted")
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return
+    doomed.unlink(missing_ok=True)  # another recovering process may have finished it
+    fsync_dir(path.parent)
+
+
+def _depart(store: StoreFiles, name: str, remove: Any, why: str = "recovery") -> None:
+    """Record segment ``name`` as removed (fsynced), then ``remove()`` its file; the caller holds
+    ``alloc.lock``, so a catalog compaction (run by evictions under it) never rewrites the log
+    between the two and drops the departure."""
+    store.catalog.departed(name, "removed", why)
+    remove()
+
+
+def _finish_leftovers(store: StoreFiles, state: CatalogState, names: list[str], report: RecoveryReport) -> None:
+    """``.tmp`` files (interrupted creations) and ``.deleted`` ones (interrupted evictions or
+    discards); caller holds ``alloc.lock``."""
+    d = store.segments_dir
+    if any(n.endswith(".deleted") for n in names):
+        store.catalog.sync()  # a departure is durable before its file goes (an eviction defers this fsync)
+    for name in names:
+        path = d / name
+        if name.endswith(".tmp"):
+            if shows_rows(path, store.layout):  # never made by this store's protocol: kept, for a repair
+                report.unreadable[name] = "a leftover .tmp file that holds rows (kept)"
+                continue
+            path.unlink(missing_ok=True)
+            report.cleaned.append(name)
+        elif name.endswith(".deleted"):
+            base = name.removesuffix(".deleted")
+            if base not in state.departed and shows_rows(path, store.layout):
+                # an eviction whose departure a power loss lost (it is fsynced before the unlink): written now
+                store.catalog.departed(base, "evicted", "capacity")
+                state.departed.add(base)
+                state.live.pop(base, None)
+            path.unlink(missing_ok=True)
+            report.cleaned.append(name)
+
+
+def _finish_renames(store: StoreFiles, names: list[str], report: RecoveryReport) -> None:
+    """Move ``<name>.renaming`` files (a rename to the header's name a crash interrupted) to their
+    name; caller holds ``alloc.lock``."""
+    d = store.segments_dir
+    moved = False
+    for tmp in names:
+        if not tmp.endswith(RENAMING):
+            continue
+        name = tmp.removesuffix(RENAMING)
+        if os.path.exists(d / name):
+            dup = _free_name(d, name + ".dup.corrupt")
+            os.rename(d / tmp, d / dup)
+            report.unreadable[dup] = f"another file holds {name}: set aside (its rows are served from {name})"
+        else:
+            os.rename(d / tmp, d / name)
+            report.renamed[tmp] = name
+        moved = True
+    if moved:
+        fsync_dir(d)
+
+
+def _free_name(d: Path, name: str) -> str:
+    n, out = 1, name
+    while os.path.exists(d / out):
+        n += 1
+        out = f"{name.removesuffix('.corrupt')}{n}.corrupt"
+    return out
+
+
+@dataclass
+class _Seen:
+    """One segment file as recovery found it."""
+
+    name: str
+    header: Header | None
+    control: Control | None
+    error: CorruptSegmentError | None = None
+
+
+def _survey(store: StoreFiles) -> dict[str, _Seen]:
+    """Every segment-named file: its header and control page, or why they cannot be read."""
+    out = {}
+    for name in sorted(os.listdir(store.segments_dir)):
+        if parse_segment_name(name) is None:
+            continue
+        try:
+            fd = os.open(store.segments_dir / name, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            h, c = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
+            out[name] = _Seen(name, h, c)
+        except CorruptSegmentError as exc:
+            out[name] = _Seen(name, None, None, exc)
+        finally:
+            os.close(fd)
+    return out
+
+
+def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport) -> None:
+    """Rename files whose header names another segment to that name (two phases through
+    ``.renaming``, so swapped files never overwrite each other); caller holds ``alloc.lock``."""
+    d = store.segments_dir
+    wrong = [(n, s) for n, s in seen.items() if s.header is not None
+             and parse_segment_name(n) != (s.header.segment_id, s.header.writer_id)]
+    if not wrong:
+        return
+    staged = []
+    for name, s in wrong:
+        assert s.header is not None
+        target = segment_name(s.header.segment_id, s.header.writer_id)
+        holder = seen.get(target)
+        if holder is not None and holder.header is not None and parse_segment_name(target) == (
+                holder.header.segment_id, holder.header.writer_id):
+            dup = _free_name(d, target + ".dup.corrupt")  # the segment is held by the file of its name
+            os.rename(d / name, d / dup)
+            report.unreadable[dup] = f"a second copy of {target} under the name {name}: set aside (its rows are " \
+                                     f"served from {target})"
+            del seen[name]
+            continue
+        os.rename(d / name, d / (target + RENAMING))
+        staged.append((name, target))
+    fsync_dir(d)
+    for name, target in staged:
+        s = seen.pop(name)
+        if os.path.exists(d / target):  # an unreadable file holds the name: both kept, for a repair
+            report.unreadable[target + RENAMING] = f"its header names {target}, which another file holds"
+            continue
+        os.rename(d / (target + RENAMING), d / target)
+        report.renamed[name] = target
+        seen[target] = s
+    fsync_dir(d)
+
+
+def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> int:
+    """Write back the header of segment file ``name`` (unreadable) from another segment of the same
+    writer: the session under whose epoch its stamped rows verify. Returns the rows that verify (0:
+    nothing written)."""
     from .checks import scan
 
-    return int(scan(h, layout, st, view, start, stop, first_only=True))
+    parsed = parse_segment_name(name)
+    assert parsed is not None
+    sid, wid = parsed
+    lay = store.layout
+    path = store.segments_dir / name
+    if os.stat(path).st_size < lay.file_size:
+        return 0
+    st = stamp_column(path, lay)
+    stamped = np.flatnonzero(st["seq"])
+    if not len(stamped):
+        return 0
+    sessions = {}
+    for s in seen.values():
+        h = s.header
+        if h is not None and h.writer_id == wid and h.segment_id != sid:
+            sessions.setdefault(h.session_epoch, []).append(h)
+    if not sessions:
+        return 0
+    with open(path, "rb") as fh:
+        data = os.pread(fh.fileno(), lay.file_size, 0)
+    best, best_good = None, 0
+    i0 = int(stamped[0])
+    for epoch, hs in sessions.items():
+        h0 = hs[0]
+        field_ = int(st["seq"][i0])
+        first = (field_ & SEQ_MASK) - i0 - 1 if h0.format_version >= 2 else field_ - i0 - 1
+        chains = {h.chain_index for h in hs}
+        candidates = {c + 1 for c in chains} | {c - 1 for c in chains if c} | (
+            {first // h0.usable_records} if first >= 0 and first % h0.usable_records == 0 else set())
+        for ci in sorted(candidates - chains):
+            h = Header(store.store_uuid, sid, wid, h0.lanes, epoch, ci, ci * h0.usable_records, store.schema.hash,
+                       lay.segment_records, h0.usable_records, lay.file_size, h0.created_ns, h0.format_version)
+            n = stamped_extent(h, st)
+            if not n:
+                continue
+            good = n - int(np.count_nonzero(np.asarray(scan(h, lay, st, data, 0, n))[:n]))
+            if good > best_good:
+                best, best_good = h, good
+    if best is None:
+        return 0
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.pwrite(fd, best.pack(), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return best_good
 
 
-def recover_segment(seg: Segment) -> tuple[int, int]:
-    """Cut an OPEN segment back to its valid prefix and seal it. Returns ``(kept, dropped)``.
+def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> list[Header]:
+    """Names, headers and files that hold no row (see the module docstring); caller holds
+    ``alloc.lock``. Returns the headers of the segment files kept."""
+    seen = _survey(store)
+    _fix_names(store, seen, report)
+    for name, s in list(seen.items()):
+        exc = s.error
+        if exc is None:
+            continue
+        path = store.segments_dir / name
+        if exc.kind == "foreign":  # another store's: no row of this one; a repair quarantines it
+            report.unreadable[name] = str(exc)
+        elif name not in state.live and not shows_rows(path, store.layout):
+            _depart(store, name, lambda p=path: p.unlink(missing_ok=True))  # an unfinished creation
+            report.cleaned.append(name)
+        elif exc.kind == "header" and (kept := _rebuild_header(store, name, seen)):
+            report.rebuilt[name] = kept
+        else:
+            report.unreadable[name] = str(exc)  # kept; `verify --repair` quarantines it
+    if report.renamed or report.cleaned:
+        fsync_dir(store.segments_dir)
+    return [s.header for n, s in seen.items() if s.header is not None and n not in report.cleaned]
 
-    Rows are checked from ``synced`` up to ``committed``: rows stamped but never published were
-    never acknowledged, so they are dropped like any unpublished row. With both control slots
-    damaged the count is unknown and every stamped row is checked.
-    """
-    c = seg.control
-    usable = seg.header.usable_records
-    start = min(c.synced, usable)
-    stop = min(c.committed, usable) if c.version else usable
-    n = valid_prefix(seg, start, stop)
-    dropped = max(stop - n, 0) if c.version else 0
-    tail = seg.stamps[n:]
-    nz = np.flatnonzero(tail["seq"])
-    if len(nz):
-        tail[: nz[-1] + 1] = 0  # stale stamps past the prefix must never come back
-    seg.sync_rows(0, usable)
-    seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seg.stamps_crc(n))
-    seg.sync_control()
-    return n, dropped
+
+def _acknowledge_gaps(store: StoreFiles, state: CatalogState, headers: list[Header], report: RecoveryReport) -> None:
+    """A missing or cut catalog: chain positions nothing explains are lost rows (``files.chain_gaps``),
+    recorded in the catalog and reported; caller holds ``alloc.lock``."""
+    from .files import chain_gaps
+
+    missing = not store.catalog.path.exists()
+    if not (missing or state.torn_lines) or not headers:
+        return
+    if missing:
+        report.catalog = "was missing"
+    readable = {segment_name(h.segment_id, h.writer_id) for h in headers}
+    others = [*state.departed, *state.live, *(n for n in os.listdir(store.segments_dir) if n not in readable)]
+    for w, ep, ci, rows in chain_gaps(headers, state, others, catalog_missing=missing):
+        store.catalog.gap(w, ep, ci)
+        state.gaps.add((w, ep, ci))
+        report.gaps[(w, ep, ci)] = rows
 
 
+def recover_abandoned(store: StoreFiles) -> RecoveryReport:
+    """On open with ``mode='a'``: finish interrupted creations, evictions and renames, fix names and
+    headers (see the module docstring), then recover the segments of every writer no live session
+    holds. Live writers' segments are left alone."""
+    report = RecoveryReport()
+    alloc = store.lock(ALLOC)
+    alloc.acquire(exclusive=True, blocking=True)
+    try:
+        state = store.catalog.read()
+        names = os.listdir(store.segments_dir)
+        _finish_leftovers(store, state, names, report)
+        _finish_renames(store, names, report)
+        _acknowledge_gaps(store, state, _triage(store, state, report), report)
+    finally:
+        alloc.release()
+    writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})
+    for wid in writers:
+        lock = store.lock(writer_lock_name(wid))
+        if not lock.acquire(exclusive=True):
+            continue  # a live writer owns it
+        try:
+            recover_writer(store, wid, report, state.live)
+        finally:
+            lock.release()
+    return report
+
+
+# -- a dead writer's segments -----------------------------------------------------------------------
 def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | None = None,
                    catalogued: dict[str, int] | None = None) -> RecoveryReport:
     """Recover the segments of ``writer_id`` left unfinished (caller holds that writer's lock);
@@ -140,7 +436,7 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
     once by the caller (else here)."""
     report = report if report is not None else RecoveryReport()
     if catalogued is None:
-        catalogued = store.catalog.read().live if store.catalog.path.exists() else {}
+        catalogued = store.catalog.read().live
     sessions: dict[int, list[tuple[int, str, Header, Control | None]]] = {}
     for name in os.listdir(store.segments_dir):
         parsed = parse_segment_name(name)
@@ -153,7 +449,7 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
         try:
             header, control = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
         except CorruptSegmentError as exc:
-            report.unreadable[name] = str(exc)  # its header is damaged: verify --repair quarantines it
+            report.unreadable[name] = str(exc)  # verify --repair quarantines it
             continue
         finally:
             os.close(fd)
@@ -163,41 +459,39 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
         rows = [_held(store, name, h, c, catalogued) for _, name, h, c in chain]
         for i, (_, name, h, c) in enumerate(chain):
             full = any(rows[i + 1:])  # the session wrote past it: it was full
-            if not rows[i] and not full:  # made ahead of need, never written (a spare)
-                if c is None or c.state != STATE_SEALED:
-                    _depart(store, name, lambda p=store.segments_dir / name: _remove(p))
+            if not rows[i] and not full:  # no row by the catalog, the control page and the stamps: a spare
+                if name not in catalogued and (c is None or c.state != STATE_SEALED):
+                    alloc = store.lock(ALLOC)
+                    alloc.acquire(exclusive=True, blocking=True)
+                    try:
+                        _depart(store, name, lambda p=store.segments_dir / name: _remove(p))
+                    finally:
+                        alloc.release()
                     report.cleaned.append(name)
                 continue
             if c is not None and c.state == STATE_SEALED and c.synced >= c.committed:
                 continue  # sealed and durable: trusted (checked by the first reader, or verify)
             tail = not full and name not in catalogued and c is not None and c.state != STATE_SEALED
-            _recover_one(store, name, report, tail=tail,
-                         count=h.usable_records if full else catalogued.get(name, rows[i]))
+            count = h.usable_records if full else catalogued.get(name, rows[i])
+            _recover_one(store, name, report, tail=tail, count=count)
     return report
 
 
 def _held(store: StoreFiles, name: str, h: Header, c: Control | None, catalogued: dict[str, int]) -> int:
-    """Rows a segment holds as far as its records say: the catalog's count, else its control page's,
-    else (both control slots damaged) the extent of its stamped rows."""
+    """Rows a segment holds as far as its records say: the catalog's count; else a sealed control
+    page's; else the larger of an open control page's and the extent of its stamped rows."""
     if name in catalogued:
         return catalogued[name]
-    if c is not None:
+    if c is not None and c.state == STATE_SEALED:
         return min(c.committed, h.usable_records)
-    try:
-        with open(store.segments_dir / name, "rb") as fh:
-            raw = os.pread(fh.fileno(), 16 * h.usable_records, store.layout.stamps_offset)
-    except FileNotFoundError:
-        return 0
-    st = np.frombuffer(raw, STAMP_DTYPE)
-    want = np.arange(h.first_seq + 1, h.first_seq + len(st) + 1, dtype=np.uint64)
-    ok = (st["seq"] & np.uint64(SEQ_MASK)) == (want & np.uint64(SEQ_MASK)) if h.format_version >= 2 else st["seq"] == want
-    hit = np.flatnonzero(ok)
-    return int(hit[-1]) + 1 if len(hit) else 0
+    st = stamp_column(store.segments_dir / name, store.layout)
+    return max(min(c.committed, h.usable_records) if c is not None else 0, stamped_extent(h, st))
 
 
 def _recover_one(store: StoreFiles, name: str, report: RecoveryReport, *, tail: bool, count: int) -> None:
-    """Recover one segment: a dead writer's open tail is cut back to its valid prefix (``tail``);
-    any other is sealed with ``count`` rows, its damaged rows masked."""
+    """Recover one segment by the one rule (module docstring): a dead writer's open tail takes its
+    count from its control page (from its stamps if a control slot is damaged); any other is sealed
+    with ``count`` rows."""
     path = store.segments_dir / name
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
@@ -207,120 +501,67 @@ def _recover_one(store: StoreFiles, name: str, report: RecoveryReport, *, tail: 
         report.unreadable[name] = str(exc)
         return
     try:
-        torn = damaged = np.zeros(0, np.int64)
-        if tail:
-            kept, dropped = recover_segment(seg)
-            if dropped:
-                report.dropped[name] = dropped
-        else:
-            # (a control slot damaged: the durable point it holds is not the writer's last word, so
-            # every row is taken as durable and a bad one as damaged)
-            intact = seg.control.version and not damaged_control_slots(seg.view[CONTROL_OFFSET:])
-            synced = min(seg.control.synced, count) if intact else count
-            kept, bad = seal_checked(seg, count)
-            # rows past the durable point that fail were torn by a power loss (never made durable): lost,
-            # and recorded so; rows before it are durable rows damaged since: masked, for verify to report
-            torn, damaged = bad[bad >= synced], bad[bad < synced]
-            if len(torn):
-                report.dropped[name] = len(torn)
-            if len(damaged):
-                report.masked[name] = len(damaged)
-            kept -= len(bad)
-        report.recovered[name] = kept
-        log.info("recovered %s: kept %d rows, dropped %d, masked %d", path, kept, report.dropped.get(name, 0),
-                 len(damaged))
+        kept, bad, torn, unpublished = _check_and_seal(seg, tail=tail, count=count)
+        damaged = bad[~np.isin(bad, torn)]
+        lost = len(torn) + unpublished
+        if lost:
+            report.dropped[name] = lost
+        if len(damaged):
+            report.masked[name] = len(damaged)
+        report.recovered[name] = kept - len(bad)
+        log.info("recovered %s: kept %d rows, lost %d, masked %d", path, kept - len(bad), lost, len(damaged))
     finally:
         seg.close(fdatasync=True)
     try:  # every row now checked: remember it for this file (its identity changed with the new control page)
-        bad = np.union1d(torn, damaged)
-        # torn rows alone are acknowledged (recovery reported them lost); damaged durable rows wait for a repair
-        store.catalog.checked(name, identity(os.stat(path)), to_ranges(bad), masked=bool(len(torn)) and not len(damaged))
+        store.catalog.checked(name, identity(os.stat(path)), to_ranges(damaged), torn=to_ranges(torn[torn < kept]))
     except OSError:
         pass  # the first reader checks it
+
+
+def _check_and_seal(seg: Segment, *, tail: bool, count: int) -> tuple[int, np.ndarray, np.ndarray, int]:
+    """Check every row of ``seg`` up to its count and seal it; returns ``(rows kept in the count,
+    bad slots left in it, torn slots (in it or cut off), rows stamped past it)``."""
+    from .checks import scan
+
+    c, h = seg.control, seg.header
+    usable = h.usable_records
+    intact = bool(c.version) and not damaged_control_slots(seg.view[CONTROL_OFFSET:])
+    extent = stamped_extent(h, seg.stamps)
+    if tail:
+        committed = min(c.committed, usable) if c.version else 0
+        count = committed if intact else max(committed, extent)
+        synced = min(c.synced, count) if c.version else 0
+    else:
+        count = min(count, usable)
+        # (a control slot damaged: the durable point it holds is not the writer's last word, so every
+        # row is taken as durable and a bad one as damaged)
+        synced = min(c.synced, count) if intact else count
+    bad = np.flatnonzero(scan(h, seg.layout, seg.stamps, seg.view, 0, count)).astype(np.int64)
+    torn = bad[bad >= synced]
+    if tail and len(torn):  # torn rows that end the segment are cut off, not masked
+        good_after = np.setdiff1d(np.arange(synced, count), torn)
+        count = max(synced, int(good_after[-1]) + 1 if len(good_after) else synced)
+    unpublished = int(np.count_nonzero(seg.stamps["seq"][count:extent])) if extent > count else 0
+    nz = np.flatnonzero(seg.stamps["seq"][count:])
+    if len(nz):
+        seg.stamps[count : count + nz[-1] + 1] = 0  # stale stamps past the count must never come back
+    seg.sync_rows(0, usable)
+    seg.publish(count, synced=count, state=STATE_SEALED, seal_crc=seg.stamps_crc(count))
+    seg.sync_control()
+    return count, bad[bad < count], torn, unpublished
 
 
 def seal_checked(seg: Segment, count: int) -> tuple[int, np.ndarray]:
     """Seal ``seg`` with ``count`` rows after checking all of them; returns ``(count, damaged
     slots)``. Damaged rows stay where they are (masked by every reader); no row is cut."""
-    from .checks import scan
-
-    count = min(count, seg.header.usable_records)
-    bad = np.flatnonzero(scan(seg.header, seg.layout, seg.stamps, seg.view, 0, count)).astype(np.int64)
-    seg.sync_rows(0, count)
-    seg.publish(count, synced=count, state=STATE_SEALED, seal_crc=seg.stamps_crc(count))
-    seg.sync_control()
+    count, bad, _, _ = _check_and_seal(seg, tail=False, count=count)
     return count, bad
 
 
-def _remove(path: Path) -> None:
-    doomed = path.with_name(path.name + ".deleted")
-    try:
-        os.rename(path, doomed)
-    except FileNotFoundError:
-        return
-    doomed.unlink(missing_ok=True)  # another recovering process may have finished it
-    fsync_dir(path.parent)
+def check_groups(h: Header, layout: Layout, st: np.ndarray, view: Any, start: int, stop: int) -> int:
+    """Walk commit groups from ``start`` (a group boundary) towards ``stop``; return where the
+    first invalid group begins (``>= stop`` when all are valid). ``st`` is the segment's stamp
+    column, ``view`` a buffer of the whole segment file. The rule is ``check_kernel``'s."""
+    from .checks import scan
 
-
-def _depart(store: StoreFiles, name: str, remove: Any) -> None:
-    """Record segment ``name`` as removed by recovery, then ``remove()`` its file, under
-    ``alloc.lock``: a catalog compaction (``catalog.py``, run by evictions under that lock)
-    never rewrites the log between the two and drops the departure."""
-    alloc = store.lock(ALLOC)
-    alloc.acquire(exclusive=True, blocking=True)
-    try:
-        store.catalog.departed(name, "removed", "recovery")
-        remove()
-    finally:
-        alloc.release()
-
-
-def recover_abandoned(store: StoreFiles) -> RecoveryReport:
-    """On open with ``mode='a'``: recover OPEN segments of dead writers, finish interrupted
-    creations and evictions. Live writers' segments are left alone."""
-    report = RecoveryReport()
-    alloc = store.lock(ALLOC)
-    alloc.acquire(exclusive=True, blocking=True)
-    try:
-        names = os.listdir(store.segments_dir)
-        # an eviction renames a file .deleted after its departure line; a power loss may have lost
-        # that line (it is fsynced before the unlink): then it is written here, before the unlink
-        live = set(store.catalog.read().live) if any(n.endswith(".deleted") for n in names) else set()
-        undeparted = [n.removesuffix(".deleted") for n in names if n.removesuffix(".deleted") in live
-                      and n.endswith(".deleted")]
-        if undeparted:
-            store.catalog.departed(undeparted, "evicted", "capacity")
-        for name in names:
-            if name.endswith((".tmp", ".deleted")):
-                (store.segments_dir / name).unlink(missing_ok=True)
-                report.cleaned.append(name)
-    finally:
-        alloc.release()
-    for name in os.listdir(store.segments_dir):
-        if parse_segment_name(name) and _never_written(store.segments_dir / name):
-            # created but its header never reached the disk (power loss right after creation,
-            # before any row of it was synced): an unfinished creation, like a .tmp file
-            _depart(store, name, lambda p=store.segments_dir / name: p.unlink(missing_ok=True))
-            report.cleaned.append(name)
-    writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})
-    catalogued: dict[str, int] | None = None
-    for wid in writers:
-        lock = store.lock(writer_lock_name(wid))
-        if not lock.acquire(exclusive=True):
-            continue  # a live writer owns it
-        try:
-            if catalogued is None:
-                catalogued = store.catalog.read().live if store.catalog.path.exists() else {}
-            recover_writer(store, wid, report, catalogued)
-        finally:
-            lock.release()
-    return report
-
-
-def _never_written(path: os.PathLike[str]) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(PAGE_SIZE * 2)
-    except FileNotFoundError:
-        return False  # evicted meanwhile by a live writer
-    return len(head) > 0 and not any(head)
+    return int(scan(h, layout, st, view, start, stop, first_only=True))

@@ -110,18 +110,20 @@ def read_segment_meta(fd: int, path: object, layout: Layout, store_uuid: bytes, 
     buf = os.pread(fd, 2 * PAGE_SIZE, 0)
     header = Header.unpack(buf, path)
     if header.store_uuid != store_uuid:
-        raise CorruptSegmentError(f"{path}: store_uuid mismatch (segment of another store)")
+        raise CorruptSegmentError(f"{path}: store_uuid mismatch (segment of another store)", kind="foreign")
     if header.schema_hash != schema_hash:
-        raise CorruptSegmentError(f"{path}: schema hash mismatch (segment of another schema)")
+        raise CorruptSegmentError(f"{path}: schema hash mismatch (segment of another schema)", kind="schema")
     if header.segment_records != layout.segment_records or header.file_size != layout.file_size:
         raise CorruptSegmentError(
             f"{path}: layout mismatch: {header.segment_records} records / {header.file_size} bytes, "
-            f"store expects {layout.segment_records} / {layout.file_size}"
+            f"store expects {layout.segment_records} / {layout.file_size}", kind="layout"
         )
     if size < header.file_size:
-        raise CorruptSegmentError(f"{path}: file is {size} bytes, header says {header.file_size} (truncated)")
+        raise CorruptSegmentError(f"{path}: file is {size} bytes, header says {header.file_size} (truncated)",
+                                  kind="short")
     if not 0 < header.lanes <= header.usable_records <= header.segment_records:
-        raise CorruptSegmentError(f"{path}: header has lanes={header.lanes}, usable={header.usable_records}")
+        raise CorruptSegmentError(f"{path}: header has lanes={header.lanes}, usable={header.usable_records}",
+                                  kind="counts")
     control, _ = read_control(buf[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE])
     return header, control
 

@@ -36,15 +36,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .catalog import SegmentRecord
+from .catalog import CATALOG, SegmentRecord
 from .checks import from_ranges, identity, scan_rows, to_ranges
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, damaged_control_slots
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, Header, damaged_control_slots
 from ..core.errors import CorruptSegmentError, StoreLockedError
 from .segment import Segment, parse_segment_name
 from .locks import ADMIN, writer_lock_name
 from .manifest import MANIFEST, load_manifest, restore_manifest
 
+from .recovery import RENAMING
+
 if TYPE_CHECKING:
+    from .catalog import CatalogState
     from .files import StoreFiles
     from .recovery import RecoveryReport
 
@@ -98,9 +101,11 @@ def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] 
     problems: list[Problem] = []
     notes = notes if notes is not None else []
     state = store.catalog.read() if store.catalog.path.exists() else None
-    masks = {n: r for n, r in state.checks.items() if r.masked} if state is not None else {}
+    checks = state.checks if state is not None else {}
     live = state.live if state is not None else {}
-    for name in sorted(os.listdir(store.segments_dir)):
+    names = sorted(os.listdir(store.segments_dir))
+    headers: list[Header] = []
+    for name in names:
         if name.endswith(".tmp"):
             notes.append(Problem(name, None, "leftover of an interrupted segment creation (no row; the next writable "
                                              "open removes it)"))
@@ -109,18 +114,23 @@ def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] 
             notes.append(Problem(name, None, "leftover of an interrupted eviction (the next writable open finishes "
                                              "it)"))
             continue
+        if name.endswith(RENAMING):
+            notes.append(Problem(name, None, "a segment file being moved to its header's name (the next writable "
+                                             "open finishes it; its rows are served meanwhile)", fix="rename"))
+            continue
         if name.endswith(".corrupt"):
             notes.append(Problem(name, None, "quarantined by a repair (kept as a file, not served)"))
             continue
         parsed = parse_segment_name(name)
         if parsed is None:
-            problems.append(Problem(name, None, "not a segment file name"))
+            notes.append(Problem(name, None, "not a segment file name (left alone, not served)"))
             continue
-        problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast, masks=masks, live=live,
-                                        notes=notes, writable=writable))
+        problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast, checks=checks,
+                                        live=live, notes=notes, writable=writable, headers=headers))
     for name, rows in sorted(store.lost_segments(state).items()):
         problems.append(Problem(name, None, f"lost: the catalog lists it sealed with {rows} rows, and its file is "
                                             "gone (it was not evicted)", fix="lost"))
+    problems += _catalog_problems(store, state, headers, names)
     for name in load_manifest(store.path)[1]:
         (problems if name == MANIFEST else notes).append(Problem(
             name, None, "damaged or missing: the store's manifest is read from its other copy (nothing lost; "
@@ -128,11 +138,57 @@ def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] 
     return problems
 
 
+def _catalog_problems(store: StoreFiles, state: CatalogState | None, headers: list[Header],
+                      names: list[str]) -> list[Problem]:
+    """A missing or cut catalog, and the chain positions it would have explained (``files.chain_gaps``)."""
+    from .catalog import CatalogState
+    from .files import chain_gaps
+
+    from .segment import segment_name, segment_state
+
+    out = []
+    missing = state is None
+    sealed = [h for h in headers if missing and segment_state(store.segments_dir / segment_name(
+        h.segment_id, h.writer_id))[0] == STATE_SEALED]
+    if missing and sealed:
+        out.append(Problem(CATALOG, None, f"missing: the record of the store's sealed segments and of how each left "
+                                          f"is gone ({len(sealed)} sealed segment file(s) present; a writable open or "
+                                          "`verify --repair` writes it again from the files)", fix="catalog"))
+    elif state is not None and state.torn_lines:
+        out.append(Problem(CATALOG, None, f"{state.torn_lines} line(s) cut or damaged (a crash mid-append, or damage); "
+                                          "`verify --repair` rewrites it with what its other lines say",
+                           fix="catalog"))
+    if missing or (state is not None and state.torn_lines):
+        st = state if state is not None else CatalogState()
+        readable = {segment_name(h.segment_id, h.writer_id) for h in headers}
+        others = [*st.departed, *st.live, *(n for n in names if n not in readable)]  # departed, unreadable, quarantined
+        for w, ep, ci, rows in chain_gaps(headers, st, others, catalog_missing=missing):
+            out.append(Problem(CATALOG, None, f"possibly lost: writer {w}'s session {ep:016x} has no segment at "
+                                              f"chain position {ci} ({rows:,} rows; nothing records it evicted)",
+                               fix="gap"))
+    return out
+
+
 def _masks(store: StoreFiles) -> dict[str, SegmentRecord]:
     """Masks (``verify --repair``) recorded in the catalog, by segment name."""
     if not store.catalog.path.exists():
         return {}
     return {n: r for n, r in store.catalog.read().checks.items() if r.masked}
+
+
+def _records(store: StoreFiles) -> dict[str, SegmentRecord]:
+    """The latest check of each segment the catalog records."""
+    return store.catalog.read().checks if store.catalog.path.exists() else {}
+
+
+def _gap_of(reason: str) -> tuple[int, int, int, int]:
+    """``(writer id, epoch, chain index, rows)`` of a ``gap`` problem's text."""
+    import re
+
+    m = re.search(r"writer (\d+)'s session ([0-9a-f]{16}) has no segment at chain position (\d+) \(([\d,]+) rows",
+                  reason)
+    assert m is not None, reason
+    return int(m.group(1)), int(m.group(2), 16), int(m.group(3)), int(m.group(4).replace(",", ""))
 
 
 def masked_rows(store: StoreFiles) -> int:
@@ -151,24 +207,38 @@ def _ranges_text(ranges: tuple[tuple[int, int], ...]) -> str:
     return ", ".join(f"{a}-{b - 1}" for a, b in ranges[:5]) + (f" and {len(ranges) - 5} more" if len(ranges) > 5 else "")
 
 
+def _acknowledged(rec: SegmentRecord | None, ident: tuple[int, ...]) -> np.ndarray:
+    """Slots whose failure the catalog already accounts for in this very file: masked by a repair,
+    or found torn (lost, reported) by recovery."""
+    if rec is None or tuple(rec.identity) != tuple(ident):
+        return np.zeros(0, np.int64)
+    return np.union1d(from_ranges(rec.bad) if rec.masked else np.zeros(0, np.int64), from_ranges(rec.torn))
+
+
 def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, fast: bool,
-                    masks: dict[str, SegmentRecord], live: dict[str, int], notes: list[Problem],
-                    writable: bool) -> list[Problem]:
+                    checks: dict[str, SegmentRecord], live: dict[str, int], notes: list[Problem],
+                    writable: bool, headers: list[Header]) -> list[Problem]:
     name = path.name
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
     except CorruptSegmentError as exc:
+        if exc.kind == "foreign":
+            return [Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: no row of this store "
+                                        "(`verify --repair` quarantines the file)", fix="quarantine")]
         n = _rows_of(store, name, live)
         rows = f"its {n:,} rows" if n is not None else "its rows"
         return [Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: {rows} are not served "
-                                    "(`verify --repair` quarantines the file)", fix="quarantine")]
+                                    "(`verify --repair` rebuilds its header from its writer session where the rows "
+                                    "verify, else quarantines the file)", fix="quarantine")]
     except FileNotFoundError:
         return []  # evicted meanwhile
     try:
         h = seg.header
+        headers.append(h)
         if (h.segment_id, h.writer_id) != parsed:
-            return [Problem(name, None, f"header says segment {h.segment_id} of writer {h.writer_id}",
-                            fix="quarantine")]
+            return [Problem(name, None, f"its header says segment {h.segment_id} of writer {h.writer_id}: its rows are "
+                                        "served under that id (`verify --repair` renames the file; nothing lost)",
+                            fix="rename")]
         c = seg.control
         out: list[Problem] = []
         if c.version == 0:
@@ -199,15 +269,11 @@ def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, f
                 return []  # the stamps are as sealed (the payload was not read: fast mode)
             notes.append(Problem(name, None, "its stamp column differs from its seal: checked in full"))
         bad, stamp_bad = scan_rows(h, store.layout, seg.stamps, seg.view, 0, n)[:2]
-        bad_slots = np.flatnonzero(bad)
-        if len(bad_slots):
-            mask = masks.get(name)
-            if not (mask is not None and tuple(mask.identity) == identity(os.fstat(seg.fileno()))
-                    and np.isin(bad_slots, from_ranges(mask.bad)).all()):  # else: acknowledged by a repair
-                out += [Problem(name, a, f"rows {a}-{b - 1} fail their stamp or crc32c check ({b - a} of {n} "
-                                         "committed rows; masked: left out of every batch with every window that "
-                                         "needs them)", ((a, b),), fix="mask")
-                        for a, b in to_ranges(bad_slots)]
+        bad_slots = np.setdiff1d(np.flatnonzero(bad), _acknowledged(checks.get(name), identity(os.fstat(seg.fileno()))))
+        out += [Problem(name, a, f"rows {a}-{b - 1} fail their stamp or crc32c check ({b - a} of {n} "
+                                 "committed rows; masked: left out of every batch with every window that "
+                                 "needs them)", ((a, b),), fix="mask")
+                for a, b in to_ranges(bad_slots)]
         stamped = to_ranges(np.flatnonzero(stamp_bad))
         if stamped:
             out.append(Problem(name, None, f"the stamps of rows {_ranges_text(stamped)} are damaged; their records "
@@ -253,12 +319,23 @@ def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
         masked: dict[str, list[tuple[int, int]]] = {}
         for problem in verify_store(store):
             src = store.segments_dir / problem.file
+            if problem.fix == "catalog" and store.catalog.path.exists():
+                store.catalog.rewrite(set(os.listdir(store.segments_dir)))
+                out.actions.append(f"rewrote {CATALOG} with what its readable lines say ({problem.reason})")
+                continue
+            if problem.fix == "gap":
+                w, ep, ci, rows = _gap_of(problem.reason)
+                store.catalog.gap(w, ep, ci)
+                out.rows_lost += rows
+                out.actions.append(f"acknowledged the loss of writer {w}'s session {ep:016x} chain position {ci} "
+                                   f"({rows:,} rows): no file holds it")
+                continue
             if not (src.exists() and parse_segment_name(problem.file)):
                 continue
             if problem.fix == "mask":
                 masked.setdefault(problem.file, []).extend(problem.rows)
             elif problem.fix == "quarantine":
-                rows = _rows_of(store, problem.file, live)
+                rows = 0 if "another store" in problem.reason else _rows_of(store, problem.file, live)
                 store.catalog.departed(problem.file, "quarantined")  # before the file goes
                 src.rename(src.with_name(src.name + ".corrupt"))
                 out.rows_quarantined += rows or 0
@@ -268,13 +345,14 @@ def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
                                    + (f"{rows:,} rows no longer served" if rows is not None else
                                       "its rows are no longer served (how many is unknown: neither the catalog nor "
                                       "its control page says)"))
-        masks = _masks(store)  # one read of the catalog for every segment masked below
+        masks = _records(store)  # one read of the catalog for every segment masked below
         for name, ranges in masked.items():
             old = masks.get(name)
             ident = identity(os.stat(store.segments_dir / name))
-            keep = old.bad if old is not None and tuple(old.identity) == ident else ()
+            same = old is not None and tuple(old.identity) == ident
+            keep = old.bad if same and old.masked else ()
             slots = np.union1d(from_ranges(tuple(ranges)), from_ranges(keep))
-            store.catalog.checked(name, ident, to_ranges(slots), masked=True)
+            store.catalog.checked(name, ident, to_ranges(slots), masked=True, torn=old.torn if same else ())
             out.rows_masked += len(slots) - len(from_ranges(keep))
             out.actions.append(f"masked {len(slots)} damaged row(s) of {name} (slots "
                                f"{_ranges_text(to_ranges(slots))}); its other rows are kept")
@@ -306,6 +384,9 @@ def _write_back(store: StoreFiles, problem: Problem) -> str:
     from .recovery import seal_checked
 
     path = store.segments_dir / problem.file
+    before = _records(store).get(problem.file)
+    if before is not None and tuple(before.identity) != identity(os.stat(path)):
+        before = None
     seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash)
     try:
         c, n = seg.control, 0
@@ -335,7 +416,17 @@ def _write_back(store: StoreFiles, problem: Problem) -> str:
             bad = np.flatnonzero(scan_rows(check.header, store.layout, check.stamps, check.view, 0, n)[0])
         finally:
             check.close()
-        store.catalog.checked(problem.file, ident, to_ranges(bad))
+        _record_again(store, problem.file, ident, bad, before)
     except (OSError, CorruptSegmentError):
         pass
     return what
+
+
+def _record_again(store: StoreFiles, name: str, ident: tuple[int, ...], bad: np.ndarray,
+                  before: SegmentRecord | None) -> None:
+    """Record a check of a file a repair wrote to (its identity changed): what its previous record
+    of the same rows acknowledged (torn rows, rows a repair masked) stays acknowledged."""
+    torn = np.intersect1d(bad, from_ranges(before.torn)) if before is not None else np.zeros(0, np.int64)
+    rest = np.setdiff1d(bad, torn)
+    masked = before is not None and before.masked and bool(np.isin(rest, from_ranges(before.bad)).all())
+    store.catalog.checked(name, ident, to_ranges(rest), masked=masked and len(rest) > 0, torn=to_ranges(torn))

@@ -115,14 +115,22 @@ def test_catalog_survives_kill_9_during_its_own_updates(tmp_path, point):
     assert _write(tmp_path / "s", 1, 200, failpoint=point) == -9
     assert _write(tmp_path / "s", 2, 40) == 0  # the next writer recovers, seals, catalogues, evicts
     with mmreplay.open_store(tmp_path / "s", mode="a") as st:
-        assert st.lost_segments() == {} and st.verify() == []
+        problems = st.verify()
         state = Catalog(tmp_path / "s").read()
         sealed_files = {p.name for p in (tmp_path / "s" / "segments").iterdir()}
         assert sealed_files <= set(state.live)  # every present segment is catalogued
-    if point == "catalog_torn_line":
-        assert state.torn_lines == 1
-        lines = (tmp_path / "s" / "CATALOG.log").read_bytes().splitlines()
-        assert all(json.loads(ln[9:]) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
+        assert st.lost_segments() == {}
+        if point == "catalog_torn_line":
+            assert state.torn_lines == 1
+            lines = (tmp_path / "s" / "CATALOG.log").read_bytes().splitlines()
+            assert all(json.loads(ln[9:]) for ln in lines[1:] if ln.strip())  # appends after the tear parse alone
+            # a cut line is a problem verify names (nothing else is), and a repair rewrites the log without it
+            assert [(p.file, p.fix) for p in problems] == [("CATALOG.log", "catalog")], problems
+            rep = st.repair()
+            assert rep.rows_cost == 0 and rep.problems == [] and st.verify() == []
+            assert Catalog(tmp_path / "s").read().torn_lines == 0
+        else:
+            assert problems == []
 
 
 def test_catalog_survives_kill_9_during_an_export(filled, tmp_path):

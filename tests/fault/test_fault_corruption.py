@@ -70,18 +70,32 @@ def test_flipped_payload_byte_is_found_and_located(tmp_path):
     assert r.exit_code == 0 and "1 damaged row(s) masked" in r.output
 
 
-def test_repair_quarantines_a_segment_whose_header_is_damaged(tmp_path):
+def test_a_damaged_header_is_rebuilt_from_its_session_else_quarantined(tmp_path):
     path = filled(tmp_path)
     victim = segs(path)[1]
+    before = victim.read_bytes()
     flip(victim, 20)  # inside the header: its crc fails
     with mmreplay.open_store(path) as s:  # the store opens: the segment is left out and reported
         assert victim.name in s.info()["unreadable_segments"] and len(s) == 100 - 32
     r = CliRunner().invoke(cli, ["verify", str(path), "--repair"])
-    # its rows are no longer served: the repair says how many, and exits 1
-    assert r.exit_code == 1 and f"quarantined {victim.name}" in r.output and "32 rows no longer served" in r.output
+    # the writer session's other segments hold its epoch: the header is written back, every row kept
+    assert r.exit_code == 0 and f"rebuilt the header of {victim.name}" in r.output and "32 rows verify" in r.output
+    from dataclasses import replace
+
+    from mmreplay.storage.format import Header
+    was, now = Header.unpack(before, "before"), Header.unpack(victim.read_bytes(), "after")
+    assert replace(now, created_ns=was.created_ns) == was  # (the creation time is its sibling's)
+    assert CliRunner().invoke(cli, ["verify", str(path)]).exit_code == 0
+    assert visible_rows(path)[1].tolist() == list(range(100))
+    # a session of one segment: nothing holds its epoch, so the file is quarantined (kept, counted)
+    alone = filled(tmp_path / "b", rows=20)
+    victim = segs(alone)[0]
+    flip(victim, 20)
+    r = CliRunner().invoke(cli, ["verify", str(alone), "--repair"])
+    assert r.exit_code == 1 and f"quarantined {victim.name}" in r.output and "20 rows no longer served" in r.output
     assert (victim.parent / (victim.name + ".corrupt")).exists()  # kept, never silently deleted
-    assert CliRunner().invoke(cli, ["verify", str(path), "--repair"]).exit_code == 0  # nothing left to do
-    r = CliRunner().invoke(cli, ["verify", str(path)])
+    assert CliRunner().invoke(cli, ["verify", str(alone), "--repair"]).exit_code == 0  # nothing left to do
+    r = CliRunner().invoke(cli, ["verify", str(alone)])
     assert r.exit_code == 0 and "note:" in r.output and ".corrupt" in r.output
 
 
