@@ -1,5 +1,13 @@
-"""Filesystem primitives: preallocation, fsync of directories, atomic file replacement, and a
-reserved virtual address range into which segment files are mapped side by side.
+"""Filesystem primitives: every persisting call of the store, preallocation, fsync of
+directories, atomic file replacement, and a reserved virtual address range into which segment
+files are mapped side by side.
+
+Every call that changes what a store's files hold or name goes through this module: ``pwrite``,
+``write`` (appends), ``fallocate``, ``fsync`` / ``fdatasync`` / ``msync``, ``fsync_dir``,
+``rename`` / ``replace`` / ``unlink`` / ``mkdir``, ``atomic_write``, and ``mapped`` after writes
+through a mapping. Each tells ``RECORDER`` when one is set (tests only:
+``mmreplay.testing.crash`` rebuilds from them every state a power loss may leave); with none set
+(always, outside the crash-state tests) the cost is one global lookup per call.
 
 Invariants kept here:
 
@@ -28,6 +36,81 @@ from .errors import DiskFullError, ReadOnlyStoreError
 if TYPE_CHECKING:
     from pathlib import Path
 
+RECORDER: Any = None
+"""A crash-state recorder (``mmreplay.testing.crash.Recorder``), set by tests only: its ``point(kind,
+target, offset, length)`` is called after every persisting call (``kind``: ``"write"``, ``"sync"``
+(``target`` a file descriptor; ``length`` None for the whole file), ``"dirsync"`` (a directory
+path) or ``"dir"``), and it may ask for background work to run inline (``inline``)."""
+
+
+def _tell(kind: str, target: object = None, offset: int = 0, length: int | None = None) -> None:
+    r = RECORDER
+    if r is not None:
+        r.point(kind, target, offset, length)
+
+
+def recording() -> bool:
+    """A crash-state recorder is listening (tests): background file work runs inline, in order."""
+    return RECORDER is not None
+
+
+def pwrite(fd: int, data: bytes, offset: int) -> int:
+    n = os.pwrite(fd, data, offset)
+    _tell("write")
+    return n
+
+
+def write(fd: int, data: bytes) -> int:
+    """One ``write`` (an append on an ``O_APPEND`` descriptor)."""
+    n = os.write(fd, data)
+    _tell("write")
+    return n
+
+
+def mapped() -> None:
+    """Writes through a shared mapping were made (a recorder reads what changed)."""
+    _tell("write")
+
+
+def fsync(fd: int) -> None:
+    os.fsync(fd)
+    _tell("sync", fd)
+
+
+def fdatasync(fd: int) -> None:
+    os.fdatasync(fd)
+    _tell("sync", fd)
+
+
+def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    os.rename(src, dst)
+    _tell("dir")
+
+
+def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    os.replace(src, dst)
+    _tell("dir")
+
+
+def unlink(path: str | os.PathLike[str], *, missing_ok: bool = True) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return
+    _tell("dir")
+
+
+def mkdir(path: str | os.PathLike[str], *, exist_ok: bool = False) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+        return
+    _tell("dir")
+
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -35,6 +118,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    _tell("dirsync", path)
 
 
 def fallocate(fd: int, size: int, path: object) -> None:
@@ -47,17 +131,23 @@ def fallocate(fd: int, size: int, path: object) -> None:
                 f"cannot allocate {size} bytes for {path}: {os.strerror(exc.errno)}", err=exc.errno
             ) from exc
         raise
+    _tell("write")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            _tell("write")
+            fsync(fd)
+        finally:
+            os.close(fd)
+        replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -110,9 +200,10 @@ _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MS_SYNC = 4
 
 
-def msync(mm: mmap.mmap, offset: int, length: int) -> None:
+def msync(mm: mmap.mmap, offset: int, length: int, fd: int | None = None) -> None:
     """``msync(MS_SYNC)`` a page-aligned range of ``mm``, releasing the GIL while the disk works
-    (``mmap.flush`` holds it, which would stall every other thread of the process)."""
+    (``mmap.flush`` holds it, which would stall every other thread of the process). ``fd``: the
+    mapped file's descriptor (a recorder marks that range of it durable)."""
     import numpy as np
 
     arr = np.frombuffer(mm, np.uint8)
@@ -122,6 +213,7 @@ def msync(mm: mmap.mmap, offset: int, length: int) -> None:
             raise OSError(err, f"msync: {os.strerror(err)}")
     finally:
         del arr
+    _tell("sync", fd, offset, length)
 
 
 # madvise(2) advice values (Linux)

@@ -43,6 +43,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from ..core import failpoint as _failpoint
+from ..core import fs
 
 __all__ = ["CATALOG", "Catalog", "CatalogState", "SegmentRecord", "short_list"]
 
@@ -187,19 +188,17 @@ class Catalog:
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = b"\n" + line  # end a line a crash tore, so this one parses on its own
             if _failpoint.ACTIVE and event["e"] == "sealed":
-                os.write(fd, line[: len(line) // 2])  # a torn line, as a crash mid-write leaves it
+                fs.write(fd, line[: len(line) // 2])  # a torn line, as a crash mid-write leaves it
                 _failpoint.hit("catalog_torn_line")
-                os.write(fd, line[len(line) // 2 :])
+                fs.write(fd, line[len(line) // 2 :])
             else:
-                os.write(fd, line)
+                fs.write(fd, line)
             if sync:
-                os.fsync(fd)
+                fs.fsync(fd)
         finally:
             os.close(fd)
         if created:
-            from ..core.fs import fsync_dir
-
-            fsync_dir(self.path.parent)
+            fs.fsync_dir(self.path.parent)
 
     def sync(self) -> None:
         """fsync the log: every line written so far survives a power loss."""
@@ -208,7 +207,7 @@ class Catalog:
         except FileNotFoundError:
             return
         try:
-            os.fsync(fd)
+            fs.fsync(fd)
         finally:
             os.close(fd)
 

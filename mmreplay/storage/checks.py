@@ -195,6 +195,7 @@ class Checker:
         """Segments this handle checked by reading them."""
         self.written: set[str] = set()
         """Segments a writer of this handle sealed (``written_here``)."""
+        self._seal_damage: dict[str, np.ndarray] = {}
 
     def written_here(self, name: str) -> None:
         """Segment ``name`` was sealed by a writer of this store handle, which checksummed every
@@ -202,6 +203,19 @@ class Checker:
         writer's durable close has catalogued it as checked (a trainer's first sample after its
         learning-starts steps would otherwise check the last few segments)."""
         self.written.add(name)
+
+    def written_damaged(self, name: str, bad: np.ndarray) -> None:
+        """A writer of this handle found rows of segment ``name`` changed in the file when it sealed
+        it (``segment_supply.py``): this handle's reader masks them at its next refresh."""
+        with self._cv:
+            self.written.discard(name)
+            self._seal_damage[name] = np.asarray(bad, np.int64)
+
+    def take_seal_damage(self) -> dict[str, np.ndarray]:
+        """What ``written_damaged`` was told since the last call."""
+        with self._cv:
+            out, self._seal_damage = self._seal_damage, {}
+        return out
 
     def known(self, name: str, ident: tuple[int, ...]) -> np.ndarray | None:
         """Damaged slots of segment ``name`` if a check of this very file is remembered, else None."""

@@ -45,6 +45,7 @@ import numpy as np
 
 from .checks import identity, to_ranges
 from .format import STATE_SEALED, Header, group_seed
+from ..core import fs
 from ..core.fs import fsync_dir
 from ..core.episodes import row_flags
 from ..core.errors import SchemaError, StoreLockedError
@@ -175,9 +176,9 @@ def _build_segment(f: StoreFiles, stage: Path, header: Header, fields: Mapping[s
     if not 0 < n <= header.usable_records:
         raise ValueError(f"a segment holds 1..{header.usable_records} rows, got {n}")
     arrays, _ = f.schema.validate_batch(fields, (n,), cast="no", nonfinite="allow")
-    stage.mkdir(exist_ok=True)
+    fs.mkdir(stage, exist_ok=True)
     name = segment_name(header.segment_id, header.writer_id)
-    (stage / name).unlink(missing_ok=True)
+    fs.unlink(stage / name)
     seg = Segment.create(stage, header, f.layout, durable=False)
     try:
         for key, x in arrays.items():
@@ -197,10 +198,10 @@ def _build_segment(f: StoreFiles, stage: Path, header: Header, fields: Mapping[s
         seg.publish(n, synced=n, state=STATE_SEALED, seal_crc=seg.stamps_crc(n))
     except BaseException:
         seg.close()
-        (stage / name).unlink(missing_ok=True)
+        fs.unlink(stage / name)
         raise
     seg.close(fdatasync=True)
-    os.rename(stage / name, f.segment_path(name))
+    fs.rename(stage / name, f.segment_path(name))
     fsync_dir(f.segments_dir)
     try:  # stamped and checksummed here from the rows given: checked (``checks.py``), masked rows masked
         f.catalog.checked(name, identity(os.stat(f.segment_path(name))), to_ranges(bad), masked=bool(len(bad)))

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..core import failpoint as _failpoint
+from ..core import fs
 from ..core.errors import CorruptStoreError, StoreFullError
 from ..core.schema import Schema
 from .catalog import Catalog, CatalogState
@@ -216,7 +217,7 @@ class Doomed:
                 return
             self.catalog.sync()
             for p in paths:
-                p.unlink(missing_ok=True)  # another process opening the store may finish it first
+                fs.unlink(p)  # another process opening the store may finish it first
 
 
 def evict_for_new_segment(store: StoreFiles, known: dict[str, int], *, force_one: bool = False,
@@ -275,7 +276,7 @@ def evict_for_new_segment(store: StoreFiles, known: dict[str, int], *, force_one
     evicted: list[int] = []
     for sid, name, _ in doomed_names:
         doomed = store.segments_dir / (name + ".deleted")
-        os.rename(store.segments_dir / name, doomed)
+        fs.rename(store.segments_dir / name, doomed)
         if _failpoint.ACTIVE:
             _failpoint.hit("mid_evict")
         store.doomed.add(doomed)

@@ -17,6 +17,7 @@ import struct
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.errors import CorruptStoreError, FormatVersionError, StoreNotFoundError
+from ..core import fs
 from ..core.fs import atomic_write
 from .format import Layout, crc32c
 
@@ -160,9 +161,9 @@ def write_counter(path: Path, value: int, version: int, slot: int | None = None,
         return
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
-        os.pwrite(fd, rec, slot * _COUNTER_SLOT)
+        fs.pwrite(fd, rec, slot * _COUNTER_SLOT)
         if fsync:
-            os.fsync(fd)
+            fs.fsync(fd)
     finally:
         os.close(fd)
 

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..core import fs
 from ..core.fs import atomic_write
 
 
@@ -29,7 +30,9 @@ def record_provenance(store_dir: Path, record: dict[str, Any], name: str | None 
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"provenance record name {name!r} must be a plain file name")
     d = store_dir / "provenance"
-    d.mkdir(exist_ok=True)
+    if not d.is_dir():
+        fs.mkdir(d, exist_ok=True)
+        fs.fsync_dir(store_dir)  # the records' directory survives a power loss with them
     atomic_write(d / f"{name}.json", json.dumps(record, indent=1, sort_keys=True, default=str).encode())
     return name
 

@@ -211,8 +211,9 @@ class StoreReader:
 
     def _damaged(self, m: _Mapped, bad: np.ndarray, acknowledged: bool = False) -> None:
         """Mask ``m``'s damaged slots ``bad`` in this reader's view (see ``checks.py``); ``m`` is
-        not in the snapshot yet (never resident). ``acknowledged``: a repair masked them already
-        (no warning: ``info`` and ``verify`` count them)."""
+        not in the snapshot yet (never resident), or a segment a writer of this handle just sealed
+        (unpinned first). ``acknowledged``: a repair masked them already (no warning: ``info`` and
+        ``verify`` count them)."""
         m.patch = damage_patch(bad)
         self._remap(m)
         slots = ", ".join(f"{a}-{b - 1}" for a, b in to_ranges(m.patch.zero)[:5])
@@ -231,8 +232,14 @@ class StoreReader:
         c = self.checker
         if c is None:
             return False
-        applied, done = False, c.take_done()
-        by_name = {m.name: m for m in self.segments.values()} if done else {}
+        applied, done, sealed_bad = False, c.take_done(), c.take_seal_damage()
+        by_name = {m.name: m for m in self.segments.values()} if done or sealed_bad else {}
+        for name, bad in sealed_bad.items():  # rows a writer of this handle found changed when it sealed them
+            m = by_name.get(name)
+            if m is not None:
+                self.unpin(m.header.segment_id)
+                self._damaged(m, bad)
+                applied = True
         for name, (ident, result) in done.items():
             if name in by_name:
                 self._checked(by_name[name], ident, result)

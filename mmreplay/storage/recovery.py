@@ -55,6 +55,7 @@ import numpy as np
 from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header,
                      Layout, damaged_control_slots, read_control)
 from ..core.errors import CorruptSegmentError
+from ..core import fs
 from ..core.fs import fsync_dir
 from .segment import Segment, parse_segment_name, read_segment_meta, segment_name
 from .checks import identity, to_ranges
@@ -170,10 +171,10 @@ def stamped_extent(h: Header, st: np.ndarray) -> int:
 def _remove(path: Path) -> None:
     doomed = path.with_name(path.name + ".deleted")
     try:
-        os.rename(path, doomed)
+        fs.rename(path, doomed)
     except FileNotFoundError:
         return
-    doomed.unlink(missing_ok=True)  # another recovering process may have finished it
+    fs.unlink(doomed)  # another recovering process may have finished it
     fsync_dir(path.parent)
 
 
@@ -197,7 +198,7 @@ def _finish_leftovers(store: StoreFiles, state: CatalogState, names: list[str], 
             if shows_rows(path, store.layout):  # never made by this store's protocol: kept, for a repair
                 report.unreadable[name] = "a leftover .tmp file that holds rows (kept)"
                 continue
-            path.unlink(missing_ok=True)
+            fs.unlink(path)
             report.cleaned.append(name)
         elif name.endswith(".deleted"):
             base = name.removesuffix(".deleted")
@@ -206,7 +207,7 @@ def _finish_leftovers(store: StoreFiles, state: CatalogState, names: list[str], 
                 store.catalog.departed(base, "evicted", "capacity")
                 state.departed.add(base)
                 state.live.pop(base, None)
-            path.unlink(missing_ok=True)
+            fs.unlink(path)
             report.cleaned.append(name)
 
 
@@ -221,10 +222,10 @@ def _finish_renames(store: StoreFiles, names: list[str], report: RecoveryReport)
         name = tmp.removesuffix(RENAMING)
         if os.path.exists(d / name):
             dup = _free_name(d, name + ".dup.corrupt")
-            os.rename(d / tmp, d / dup)
+            fs.rename(d / tmp, d / dup)
             report.unreadable[dup] = f"another file holds {name}: set aside (its rows are served from {name})"
         else:
-            os.rename(d / tmp, d / name)
+            fs.rename(d / tmp, d / name)
             report.renamed[tmp] = name
         moved = True
     if moved:
@@ -285,12 +286,12 @@ def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport
         if holder is not None and holder.header is not None and parse_segment_name(target) == (
                 holder.header.segment_id, holder.header.writer_id):
             dup = _free_name(d, target + ".dup.corrupt")  # the segment is held by the file of its name
-            os.rename(d / name, d / dup)
+            fs.rename(d / name, d / dup)
             report.unreadable[dup] = f"a second copy of {target} under the name {name}: set aside (its rows are " \
                                      f"served from {target})"
             del seen[name]
             continue
-        os.rename(d / name, d / (target + RENAMING))
+        fs.rename(d / name, d / (target + RENAMING))
         staged.append((name, target))
     fsync_dir(d)
     for name, target in staged:
@@ -298,7 +299,7 @@ def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport
         if os.path.exists(d / target):  # an unreadable file holds the name: both kept, for a repair
             report.unreadable[target + RENAMING] = f"its header names {target}, which another file holds"
             continue
-        os.rename(d / (target + RENAMING), d / target)
+        fs.rename(d / (target + RENAMING), d / target)
         report.renamed[name] = target
         seen[target] = s
     fsync_dir(d)
@@ -352,8 +353,8 @@ def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> int
         return 0
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        os.pwrite(fd, best.pack(), 0)
-        os.fsync(fd)
+        fs.pwrite(fd, best.pack(), 0)
+        fs.fsync(fd)
     finally:
         os.close(fd)
     return best_good
@@ -372,7 +373,7 @@ def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> l
         if exc.kind == "foreign":  # another store's: no row of this one; a repair quarantines it
             report.unreadable[name] = str(exc)
         elif name not in state.live and not shows_rows(path, store.layout):
-            _depart(store, name, lambda p=path: p.unlink(missing_ok=True))  # an unfinished creation
+            _depart(store, name, lambda p=path: fs.unlink(p))  # an unfinished creation
             report.cleaned.append(name)
         elif exc.kind == "header" and (kept := _rebuild_header(store, name, seen)):
             report.rebuilt[name] = kept

@@ -52,6 +52,7 @@ from .format import (
     row_digests,
 )
 from ..core import failpoint as _failpoint
+from ..core import fs
 from ..core.fs import fallocate, fsync_dir, msync, populate_write
 from ..core.errors import CorruptSegmentError
 
@@ -216,16 +217,16 @@ class Segment:
             fallocate(fd, layout.file_size, directory / name)
             if _failpoint.ACTIVE:
                 _failpoint.hit("after_fallocate")
-            os.pwrite(fd, header.pack(), 0)
-            os.pwrite(fd, Control(1, 0, 0, STATE_OPEN).pack(), CONTROL_OFFSET)
+            fs.pwrite(fd, header.pack(), 0)
+            fs.pwrite(fd, Control(1, 0, 0, STATE_OPEN).pack(), CONTROL_OFFSET)
             if durable:
-                os.fsync(fd)
+                fs.fsync(fd)
             if _failpoint.ACTIVE:
                 _failpoint.hit("before_rename")
-            os.rename(tmp, directory / name)
+            fs.rename(tmp, directory / name)
         except BaseException:
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            fs.unlink(tmp)
             raise
         if durable:
             fsync_dir(directory)
@@ -267,6 +268,7 @@ class Segment:
         CONTROL_STRUCT.pack_into(mm, off, c.version + 1, committed, synced, state, seal_crc)
         CONTROL_CRC_STRUCT.pack_into(mm, off + CONTROL_STRUCT.size, crc32c(self.view[off : off + CONTROL_STRUCT.size]))
         self.control, self._slot = Control(c.version + 1, committed, synced, state, seal_crc), slot
+        fs.mapped()
 
     def commit(self, start: int, stop: int, *, durable: bool) -> None:
         """Stamp rows ``[start, stop)`` (their records written) as one commit group and publish
@@ -276,6 +278,7 @@ class Segment:
         crc = group_seed(self.header, start, self.header.first_seq + start + 1, k)
         lo, hi = self.layout.records_span(start, stop)
         self.stamp(start, stop, crc32c(self.view[lo:hi], crc) | (k << 32))
+        fs.mapped()
         if _failpoint.ACTIVE:
             _failpoint.hit("after_stamps")
         if durable:
@@ -311,19 +314,19 @@ class Segment:
         lay = self.layout
         for lo, hi in (lay.records_span(start, stop), (lay.stamps_offset + 16 * start, lay.stamps_offset + 16 * stop)):
             lo = lo // PAGE_SIZE * PAGE_SIZE
-            msync(self.mm, lo, hi - lo)
+            msync(self.mm, lo, hi - lo, self._fd)
 
     def make_durable(self, start: int, stop: int) -> None:
         """msync rows ``[start, stop)``, fdatasync, and fsync the directory once: after this the
         rows, and the file holding them, survive a power loss (then publish them as synced)."""
         self.sync_rows(start, stop)
         if not self.dir_synced:
-            os.fdatasync(self._fd)
+            fs.fdatasync(self._fd)
             fsync_dir(self.path.parent)
             self.dir_synced = True
 
     def sync_control(self) -> None:
-        msync(self.mm, CONTROL_OFFSET, PAGE_SIZE)
+        msync(self.mm, CONTROL_OFFSET, PAGE_SIZE, self._fd)
 
     def fileno(self) -> int:
         return self._fd
@@ -336,12 +339,12 @@ class Segment:
         unmapped, the page cache is simply written out."""
         fd = self._fd
         self.unmap()
-        os.fdatasync(fd)
+        fs.fdatasync(fd)
         if not self.dir_synced:
             fsync_dir(self.path.parent)
         c = self.control
         new = Control(c.version + 1, c.committed, n, c.state, c.seal_crc)
-        os.pwrite(fd, new.pack(), CONTROL_OFFSET + (1 - self._slot) * CONTROL_SLOT_SIZE)
+        fs.pwrite(fd, new.pack(), CONTROL_OFFSET + (1 - self._slot) * CONTROL_SLOT_SIZE)
         os.close(fd)
         self._fd = -1
 
@@ -359,10 +362,10 @@ class Segment:
         if self._fd < 0:
             return
         if fdatasync and not self.mm.closed:
-            msync(self.mm, 0, self.layout.file_size)
+            msync(self.mm, 0, self.layout.file_size, self._fd)
         self.unmap()
         if fdatasync:
-            os.fdatasync(self._fd)
+            fs.fdatasync(self._fd)
         os.close(self._fd)
         self._fd = -1
 

@@ -19,11 +19,13 @@ Neither may stall the append path, and neither may take the GIL back and forth w
 * ``next()`` hands out segments in chain order, without waiting for a segment's pre-faulting (a
   page it has not reached yet faults on first write); ``ensure(count)`` makes sure ``count`` segments are ready, so a batch that spans
   segments fails on a full disk *before* any of it is written;
-* ``retire(seg)`` closes a sealed segment: its mapping is dropped on the writer's thread, then for
-  ``segment`` durability the file is made durable in a background thread (a few system calls;
-  ``wait()`` collects those syncs and raises their errors), at once otherwise; the writer's
-  thread then catalogues it as sealed (at its next ``prefetch()`` or ``wait()``, a batch in one
-  catalog line), its file identity recorded as checked (``checks.py``).
+* ``retire(seg)`` closes a sealed segment: its mapping is dropped on the writer's thread, then a
+  background thread checks every row of it (the records are hot; the compiled check runs without
+  the GIL) and, for ``segment`` durability, makes the file durable (a few system calls; ``wait()``
+  collects those jobs and raises their errors); the writer's thread then catalogues it as sealed
+  (at its next ``prefetch()`` or ``wait()``, a batch in one catalog line), its file identity
+  recorded as checked when the check found every row intact (``checks.py``), else the rows it
+  found changed.
 
 A writer with lane segments writes one chain per lane, in step: the supply then hands out *sets*
 of segments, one per chain (each chain its own session epoch, same chain index), made and
@@ -40,10 +42,11 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .format import Header
+from .format import Header, kernel
 from .checks import identity
+from ..core import fs
 from ..core.fs import fsync_dir
-from ..core.errors import DiskFullError
+from ..core.errors import CorruptSegmentError, DiskFullError
 from .segment import Segment, now_ns
 from .claims import allocating
 
@@ -78,10 +81,14 @@ class SegmentSupply:
     under the writer's mutex)."""
 
     def __init__(self, files: StoreFiles, writer_id: int, lanes: int, usable: int, epochs: list[int],
-                 durability: str, written_here: Callable[[str], None] | None = None) -> None:
+                 durability: str, written_here: Callable[[str], None] | None = None,
+                 damaged_here: Callable[[str, Any], None] | None = None) -> None:
         self.files = files
         self.written_here = written_here
         """Told the name of each segment this session seals (its rows need no check by the handle)."""
+        self.damaged_here = damaged_here
+        """Told a sealed segment's name and slots when its check at seal finds rows changed since written."""
+        self._bad: dict[str, Any] = {}  # the check at seal of each segment closed and not catalogued yet
         self.writer_id = writer_id
         self.lanes = lanes  # lanes of each segment
         self.usable = usable
@@ -206,17 +213,37 @@ class SegmentSupply:
         if self.written_here is not None:
             self.written_here(seg.path.name)  # the store handle's samplers need not check it
         self._syncs = [f for f in self._syncs if not f.done() or f.exception() is not None]
-        if self.durability == "process":
-            seg.close()
-            self._catalogue(seg)
-        elif self.durability == "batch":
-            seg.close(fdatasync=True)
-            self._catalogue(seg)
+        if self.durability == "segment":
+            seg.unmap()  # here: the background thread then makes only the few calls of the check and sync
+        self._background(self._close_checked, seg)
+
+    def _close_checked(self, seg: Segment) -> None:
+        """Check every row of a sealed segment (its records are hot in the page cache; the compiled
+        check runs without the GIL), then close it (durably unless ``durability="process"``) for the
+        writer's thread to catalogue: a row changed in the file while the segment was open (by
+        anything but this writer) is found here, before any reader trusts the writer's seal. Where
+        numba is not loaded in this process (a single-lane writer's), the segment is catalogued
+        unchecked and its first reader checks it."""
+        from .checks import check_file
+
+        n = seg.control.committed
+        bad = None  # not checked here: its first reader checks it (as a segment sealed by recovery)
+        if kernel(load=False) is not None:  # (a single-lane writer does not load numba for it: ~0.5 s)
+            try:
+                _, bad = check_file(seg.path, self.files.layout, self.files.store_uuid, self.files.schema.hash, n)
+            except (OSError, CorruptSegmentError) as exc:  # (its first reader checks it, and says why)
+                log.warning("%s: could not check it at seal: %s", seg.path, exc)
+        if self.durability == "segment":
+            seg.close_durable(n)
         else:
-            seg.unmap()  # here: the background thread then makes only the few calls of the sync
-            self._background(self._close_durable, seg)
+            seg.close(fdatasync=self.durability == "batch")
+        self._bad[seg.path.name] = bad
+        self._closed.append(seg)  # catalogued by the writer's thread (list.append: no system call)
 
     def _background(self, job: Any, *args: Any) -> None:
+        if fs.recording():  # a crash-state recorder (tests) sees the file work in one order
+            job(*args)
+            return
         if self._syncer is None:
             self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"mmreplay-sync-w{self.writer_id}")
         try:
@@ -230,10 +257,6 @@ class SegmentSupply:
         except OSError as exc:  # the .deleted files stay; recovery removes them at the next open
             log.warning("%s: could not remove evicted segment files: %s", self.files.path, exc)
 
-    def _close_durable(self, seg: Segment) -> None:
-        seg.close_durable(seg.control.committed)
-        self._closed.append(seg)  # catalogued by the writer's thread (list.append: no system call)
-
     def _catalogue_closed(self) -> None:
         done = []
         while self._closed:  # (popleft and the background thread's append are atomic)
@@ -243,20 +266,38 @@ class SegmentSupply:
 
     def _catalogue(self, *segs: Segment) -> None:
         """Catalogue closed segments as sealed (from then on a file missing is a loss), with their
-        file identities as checked (this session checksummed every row it wrote; ``checks.py``),
-        after the last write to each file: one catalog line."""
-        rows, idents = {}, {}
+        file identities as checked where the check at seal found every row intact (``checks.py``),
+        after the last write to each file: one catalog line. A segment whose check found changed
+        rows gets a ``checked`` line naming them instead (every reader masks them), a warning, and
+        the store handle is told (its reader masks them too)."""
+        from .checks import to_ranges
+
+        rows, idents, damaged = {}, {}, {}
         for seg in segs:
+            name = seg.path.name
+            bad = self._bad.pop(name, None)
             try:
-                idents[seg.path.name] = identity(os.stat(seg.path))
-                rows[seg.path.name] = seg.control.committed
+                ident = identity(os.stat(seg.path))
             except OSError:  # evicted already: nothing to catalogue
-                pass
+                continue
+            rows[name] = seg.control.committed
+            if bad is not None and len(bad):
+                damaged[name] = (ident, bad)
+            elif bad is not None:
+                idents[name] = ident
         try:
             if rows:
                 self.files.catalog_sealed(rows, idents)
+            for name, (ident, bad) in damaged.items():
+                self.files.catalog.checked(name, ident, to_ranges(bad))
         except OSError:  # the catalog cannot be written: readers check these segments themselves
             pass
+        for name, (_, bad) in damaged.items():
+            log.warning("%s: %d row(s) changed in the file after this writer wrote them (they fail their "
+                        "checksums at seal); masked: left out of every batch (`mmreplay verify` lists them)",
+                        self.files.segments_dir / name, len(bad))
+            if self.damaged_here is not None:
+                self.damaged_here(name, bad)
 
     def wait(self) -> None:
         """Wait for background syncs and catalogue what they closed; re-raise the first error one
@@ -276,8 +317,8 @@ class SegmentSupply:
             path = self._faulted(seg).path
             seg.close()
             doomed = path.with_name(path.name + ".deleted")
-            os.rename(path, doomed)
-            doomed.unlink(missing_ok=True)  # another process opening the store may finish a .deleted first
+            fs.rename(path, doomed)
+            fs.unlink(doomed)  # another process opening the store may finish a .deleted first
         if segs:
             fsync_dir(segs[0].path.parent)
 

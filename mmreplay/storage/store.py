@@ -263,7 +263,8 @@ class ReplayStore:
         validate_writer_args(self, lanes, durability, cast, nonfinite, publish_rows, publish_interval_s)
         checker = self.reader.checker
         hooks = WriterHooks(published=self._published, rolled=self._rolled,
-                            sealed=checker.written_here if checker is not None else None, closed=self._writer_closed)
+                            sealed=checker.written_here if checker is not None else None, closed=self._writer_closed,
+                            damaged=checker.written_damaged if checker is not None else None)
         w = Writer(self.files, lanes=lanes, writer_id=writer_id, durability=durability, cast=cast,
                    nonfinite=nonfinite, publish_rows=publish_rows, publish_interval_s=publish_interval_s,
                    lane_segments=lane_segments, hooks=hooks)

@@ -39,6 +39,7 @@ import numpy as np
 from .catalog import CATALOG, SegmentRecord
 from .checks import from_ranges, identity, scan_rows, to_ranges
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, Header, damaged_control_slots
+from ..core import fs
 from ..core.errors import CorruptSegmentError, StoreLockedError
 from .segment import Segment, parse_segment_name
 from .locks import ADMIN, writer_lock_name
@@ -337,7 +338,8 @@ def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
             elif problem.fix == "quarantine":
                 rows = 0 if "another store" in problem.reason else _rows_of(store, problem.file, live)
                 store.catalog.departed(problem.file, "quarantined")  # before the file goes
-                src.rename(src.with_name(src.name + ".corrupt"))
+                fs.rename(src, src.with_name(src.name + ".corrupt"))
+                fs.fsync_dir(src.parent)
                 out.rows_quarantined += rows or 0
                 if rows is None:
                     out.unknown.append(problem.file)

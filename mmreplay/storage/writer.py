@@ -89,12 +89,15 @@ def _nothing(*args: Any) -> None:
 class WriterHooks:
     """What a writer tells the store handle that opened it (``ReplayStore.writer``): rows were
     published (its readers see them at their next refresh), a segment was taken (a directory scan
-    is due), a segment was sealed (its rows need no check by this handle), the writer closed."""
+    is due), a segment was sealed (its rows need no check by this handle), the writer closed, a
+    sealed segment's check found rows changed in the file (its reader masks them)."""
 
     published: Callable[[], None] = _nothing
     rolled: Callable[[], None] = _nothing
     sealed: Callable[[str], None] | None = None
     closed: Callable[[Writer], None] = _nothing
+    damaged: Callable[[str, Any], None] | None = None
+    """A sealed segment's check found rows changed since this writer wrote them: its name and slots."""
 
 
 class Writer:
@@ -163,7 +166,7 @@ class Writer:
         # each chain is a session of its own to readers and recovery (its own epoch)
         epochs = [self.epoch, *(secrets.randbits(63) | 1 for _ in range(self._chains - 1))]
         self._supply = SegmentSupply(store, self.writer_id, seg_lanes, self.usable, epochs, durability,
-                                     self.hooks.sealed)
+                                     self.hooks.sealed, self.hooks.damaged)
         self._segs: tuple[Segment, ...] = ()  # the open segment of each chain (none before the first roll)
         self._n = 0  # rows written to each open segment (the chains move in step)
         self._synced = 0

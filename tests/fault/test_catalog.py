@@ -91,10 +91,12 @@ def test_a_writers_evictions_leave_no_file_behind_and_every_departure_synced(tmp
     that follows its departure line; closing the writer leaves none behind."""
     mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=32, segment_records=16).close()
     events = []
-    real_sync, real_unlink = Catalog.sync, Path.unlink
+    from mmreplay.core import fs
+
+    real_sync, real_unlink = Catalog.sync, fs.unlink
     monkeypatch.setattr(Catalog, "sync", lambda self: events.append("sync") or real_sync(self))
-    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (events.append("unlink") if self.name.endswith(
-        ".deleted") else None) or real_unlink(self, *a, **k))
+    monkeypatch.setattr(fs, "unlink", lambda path, **k: (events.append("unlink") if str(path).endswith(
+        ".deleted") else None) or real_unlink(path, **k))
     st = mmreplay.open_store(tmp_path / "s", mode="a")
     w = st.writer(lanes=1)
     for _ in range(16 * 8):

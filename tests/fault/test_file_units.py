@@ -230,3 +230,29 @@ def test_read_only_opens_never_serve_a_torn_row_of_a_dead_writer(tmp_path):
         assert 7 not in vals and sorted(vals) == [i for i in range(40) if i != 7] and all(vals[i] == i for i in vals)
     finally:
         live.close()
+
+
+def test_a_row_changed_while_its_segment_is_open_is_found_at_seal(tmp_path, caplog):
+    """(item 8) A row changed in the file while its writer still writes the segment: the writer's
+    check at seal finds it, so no reader trusts the seal for it (masked everywhere, listed by verify)."""
+    from mmreplay.storage import check_kernel  # noqa: F401 - the compiled check loaded: the writer checks at seal
+
+    path = tmp_path / "s"
+    s = mmreplay.create_store(path, SCHEMA, capacity=100_000, segment_records=R)
+    w = s.writer(lanes=1, publish_rows=1)
+    for t in range(30):
+        w.add(**{k: v[0] for k, v in _rows(np.array([t])).items()})
+    lay = s.layout
+    _flip(_segs(path)[0], lay.column("obs").offset + 11 * lay.record_bytes + 1)  # not through the writer
+    for t in range(30, R + 5):  # the segment fills and is sealed
+        w.add(**{k: v[0] for k, v in _rows(np.array([t])).items()})
+    w.close()
+    assert "changed in the file after this writer wrote them" in caplog.text
+    s.refresh()
+    with pytest.raises(KeyError, match="masked"):
+        s.rows("obs", np.array([11]))  # this handle's own reader masks it too
+    s.close()
+    vals = _values(path)
+    assert 11 not in vals and len(vals) == R + 4 and all(vals[i] == i for i in vals)
+    with mmreplay.open_store(path) as r:
+        assert [(p.file, p.rows) for p in r.verify()] == [(_segs(path)[0].name, ((11, 12),))]
