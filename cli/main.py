@@ -98,17 +98,21 @@ def info(path: str, as_json: bool) -> None:
     width = max(len(f["name"]) for f in data["schema"])
     for f in data["schema"]:
         click.echo(f"  {f['name']:<{width}}  {f['dtype']:<8} {tuple(f['shape'])}")
-    if data["unreadable_segments"]:
-        click.echo("unreadable segments (run `mmreplay verify`):")
-        for name, why in data["unreadable_segments"].items():
-            click.echo(f"  {name}: {why}")
+    for name, why in data["unreadable_segments"].items():  # one line each
+        hint = "" if "mmreplay verify" in str(why) else " (run `mmreplay verify`)"
+        click.echo(_one_line(f"unreadable   {name}: {why}{hint}"))
     if data["metadata"]:
         click.echo(f"metadata     {json.dumps(data['metadata'])}")
     for run in data["provenance"]:  # one line per run: what made the data, and how it ended
         steps = run.get("steps_stored", run.get("steps"))
-        click.echo(f"run          {run['name']}: {run.get('kind', '?')} {run.get('env_id', '')} "
-                   f"policy={run.get('policy', '?')} seed={run.get('seed', '?')} "
-                   f"steps={'?' if steps is None else steps} status={run.get('status', '?')}")
+        click.echo(_one_line(f"run          {run['name']}: {run.get('kind', '?')} {run.get('env_id', '')} "
+                             f"policy={run.get('policy', '?')} seed={run.get('seed', '?')} "
+                             f"steps={'?' if steps is None else steps} status={run.get('status', '?')}"))
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: a record's fields are printed as they are, and one may hold a newline."""
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 @main.command()

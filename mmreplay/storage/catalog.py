@@ -105,9 +105,37 @@ def _parse(raw: bytes) -> dict[str, object] | None:
         return None
     try:
         event = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return event if isinstance(event, dict) else None
+    return event if isinstance(event, dict) and _well_formed(event) else None
+
+
+def _is_count(v: object) -> bool:
+    """A JSON integer that counts something (rows, evictions, a slot): not negative, not a bool."""
+    return type(v) is int and v >= 0
+
+
+def _well_formed(event: dict[str, object]) -> bool:
+    """Whether an event's fields have their types (a line with a good crc may still be another
+    version's, or garbage): ``e`` a string; ``seg`` a plain file name, required by the events
+    about one segment; ``rows``, ``n`` counts; ``why`` a string; ``id`` a list of integers,
+    required by checks; ``bad`` a list of ``[start, stop)`` pairs of counts. Fields may be absent
+    where :meth:`Catalog.read` has a default. An event of a kind this version does not know is
+    well formed (and ignored)."""
+    kind, seg = event.get("e"), event.get("seg", "")
+    if not isinstance(kind, str) or not isinstance(seg, str) or "/" in seg or "\0" in seg:
+        return False
+    if not seg and (kind in ("sealed", "checked", "masked") or kind in DEPARTURES):
+        return False
+    if not all(_is_count(event.get(k, 0)) for k in ("rows", "n")) or not isinstance(event.get("why", ""), str):
+        return False
+    ident, bad = event.get("id", []), event.get("bad", [])
+    if "id" not in event and kind in ("checked", "masked"):
+        return False
+    if not isinstance(ident, list) or not all(type(i) is int for i in ident):
+        return False
+    return isinstance(bad, list) and all(isinstance(r, list) and len(r) == 2 and _is_count(r[0])
+                                         and _is_count(r[1]) and r[0] <= r[1] for r in bad)
 
 
 def short_list(names: list[str], most: int = 5) -> str:
@@ -125,7 +153,8 @@ class Catalog:
         self._compacted_bytes = 0  # the log's size after this handle last compacted it
 
     def read(self) -> CatalogState:
-        """Replay the log (lines that fail their crc are counted and skipped)."""
+        """Replay the log (lines that fail their crc, or whose fields are not of their types, are
+        counted as torn and skipped)."""
         state = CatalogState()
         try:
             data = self.path.read_bytes()
@@ -140,7 +169,7 @@ class Catalog:
                 state.torn_lines += 1
                 continue
             seg, kind = str(event.get("seg")), event.get("e")
-            if seg[:13].isdigit():
+            if seg[:13].isascii() and seg[:13].isdigit():
                 state.max_segment_id = max(state.max_segment_id, int(seg[:13]))
             if kind == "sealed":
                 state.live[seg] = int(event.get("rows", 0))  # type: ignore[call-overload]

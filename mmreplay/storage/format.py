@@ -261,7 +261,10 @@ class Control(NamedTuple):
 
 
 def unpack_control_slot(buf: bytes | memoryview) -> Control | None:
-    """One control slot, or ``None`` if its checksum fails (torn or never written)."""
+    """One control slot, or ``None`` if its checksum fails (torn or never written: a buffer short of
+    a slot is a file that ends before it, e.g. one created whose size a power loss never saved)."""
+    if len(buf) < CONTROL_SLOT_SIZE:
+        return None
     body = bytes(buf[: _CONTROL.size])
     (crc,) = _CONTROL_CRC.unpack_from(buf, _CONTROL.size)
     if crc != crc32c(body):

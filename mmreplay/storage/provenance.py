@@ -40,19 +40,27 @@ def record_provenance(store_dir: Path, record: dict[str, Any], name: str | None 
 def read_provenance(store_dir: Path) -> list[dict[str, Any]]:
     """Every run's record, oldest first (by name); unreadable records are skipped.
 
-    A worker's own records (``<run>.wNNN``, kind ``worker``: what it stored, how it ended, the
-    steps it cut) are folded into their run's as ``workers``. A run still recorded as ``running``
-    is told how it ended when it is not running any more (``runs_status``): its steps are then
-    the sum of what its workers recorded."""
+    A record is data another process wrote, possibly killed mid-way, possibly another version: a
+    file that is not a JSON object (empty, torn, a list, a number, nested past the parser's
+    depth, a directory) is skipped, and a field of an unexpected type is read as absent where it
+    counts (``cut_rows``, ``run_status``, the sums below), never trusted. ``name`` is always the
+    file's. A worker's own records (``<run>.wNNN``, kind ``worker``: what it stored, how it ended,
+    the steps it cut) are folded into their run's as ``workers`` (the list replaces the count a
+    collect run records there). A run still recorded as ``running`` is told how it ended when it
+    is not running any more (``run_status``): its steps are then the sum of what its workers
+    recorded."""
     records, workers = [], {}
     d = store_dir / "provenance"
     for f in sorted(d.glob("*.json")) if d.is_dir() else ():
         try:
-            rec = {"name": f.stem, **json.loads(f.read_text())}
-        except (OSError, ValueError):
+            data = json.loads(f.read_bytes()) if f.is_file() else None
+        except (OSError, ValueError, RecursionError):  # torn, not UTF-8, nested too deep, gone meanwhile
             continue
-        if rec.get("kind") == "worker" and rec.get("run"):
-            workers.setdefault(str(rec["run"]), []).append(rec)
+        if not isinstance(data, dict):
+            continue
+        rec = {**data, "name": f.stem}
+        if rec.get("kind") == "worker" and isinstance(rec.get("run"), str) and rec["run"]:
+            workers.setdefault(rec["run"], []).append(rec)
         else:
             records.append(rec)
     for rec in records:
@@ -62,27 +70,47 @@ def read_provenance(store_dir: Path) -> list[dict[str, Any]]:
         if rec.get("status") == "running":
             rec["status"] = run_status(rec, ws)
             if rec["status"] != "running" and ws:
-                rec["steps_stored"] = sum(int(w.get("steps", 0)) for w in ws)
-                rec["episodes"] = sum(int(w.get("episodes", 0)) for w in ws)
+                rec["steps_stored"] = sum(_count(w.get("steps")) for w in ws)
+                rec["episodes"] = sum(_count(w.get("episodes")) for w in ws)
     records += [w for ws in workers.values() for w in ws]  # workers of a run whose own record is gone
     return records
 
 
+def _count(value: object) -> int:
+    """A count a record holds: a non-negative JSON integer, else 0 (a field of another type is absent)."""
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _row_ids(value: object) -> list[int]:
+    """The global row ids a record's ``cut_rows`` holds: the entries that are row ids (integers in
+    ``[0, 2**63)``); anything else (a string, a torn list's ``None``, a float) is left out."""
+    if not isinstance(value, list):
+        return []
+    return [i for i in value if type(i) is int and 0 <= i < 2**63]
+
+
 def cut_rows(records: list[dict[str, Any]]) -> set[int]:
-    """Global row ids of the steps the end of a run cut (stored as truncated), from every run's workers."""
+    """Global row ids of the steps the end of a run cut (stored truncated), from every run's workers.
+
+    A run's ``workers`` counts only as a list of worker records: a collect run records the number
+    of its workers there, and it stays so when it was killed before they wrote theirs."""
     out: set[int] = set()
     for rec in records:
-        for w in [rec, *rec.get("workers", ())]:
-            out.update(int(i) for i in w.get("cut_rows", ()) if int(i) >= 0)
+        ws = rec.get("workers")
+        for w in [rec, *(ws if isinstance(ws, list) else ())]:
+            if isinstance(w, dict):
+                out.update(_row_ids(w.get("cut_rows")))
     return out
 
 
 def _alive(rec: dict[str, Any]) -> bool | None:
-    """Whether the process that wrote ``rec`` still runs (None: it ran on another host)."""
-    if rec.get("host") not in (None, socket.gethostname()) or not rec.get("pid"):
+    """Whether the process that wrote ``rec`` still runs (None: it ran on another host, or the record
+    names no process: its ``pid`` is not a positive integer)."""
+    host, pid = rec.get("host"), rec.get("pid")
+    if (host is not None and host != socket.gethostname()) or type(pid) is not int or not 0 < pid < 2**31:
         return None
     try:
-        os.kill(int(rec["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -97,11 +125,11 @@ def run_status(rec: dict[str, Any], workers: list[dict[str, Any]]) -> str:
     killed; ``running?`` when it ran on another host (nothing here can tell)."""
     parent = _alive(rec)
     alive = [_alive(w) for w in workers if w.get("status") == "running"]
+    states = {w.get("status") if isinstance(w.get("status"), str) else None for w in workers}
     if parent or any(alive):
         return "running"
     if parent is None and not workers:
         return "running?"
-    states = {w.get("status") for w in workers}
     if not workers or "running" in states:
         return "died"
     for s in ("failed", "interrupted"):
