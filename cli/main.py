@@ -6,7 +6,10 @@ stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 
 import click
 
@@ -30,6 +33,19 @@ def main(ctx: click.Context, debug: bool) -> None:
       mmreplay --debug info /data/cartpole     # a traceback instead of the one-line error
     """
     ctx.obj = {"debug": debug}
+
+
+@contextlib.contextmanager
+def _quiet(logger: str, on: bool) -> Iterator[None]:
+    """Raise ``logger``'s level to ERROR for the block (when ``on``)."""
+    log = logging.getLogger(logger)
+    level = log.level
+    if on:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _human_bytes(n: float) -> str:
@@ -139,8 +155,10 @@ def verify(path: str, fast: bool, repair: bool) -> None:
     mode = "a" if repair else "r"
     notes: list = []
     lost = 0
-    # verify reads every row itself: no background check of segments it is about to read anyway
-    with mmreplay.open_store(path, mode=mode, on_corrupt="skip", check_at_open=False) as store:
+    # verify reads every row itself: no background check of segments it is about to read anyway; a repair
+    # prints what the open's recovery did with its own actions, so the open's one-line warning is not repeated
+    with _quiet("mmreplay.storage.store", repair), \
+            mmreplay.open_store(path, mode=mode, on_corrupt="skip", check_at_open=False) as store:
         if repair:
             rep = store.repair()
             for a in rep.actions:

@@ -119,7 +119,8 @@ def _well_formed(event: dict[str, object]) -> bool:
     """Whether an event's fields have their types (a line with a good crc may still be another
     version's, or garbage): ``e`` a string; ``seg`` a plain file name, required by the events
     about one segment; ``rows``, ``n`` counts; ``why`` a string; ``id`` a list of integers,
-    required by checks; ``bad`` a list of ``[start, stop)`` pairs of counts. Fields may be absent
+    required by checks; ``bad`` and ``torn`` lists of ``[start, stop)`` pairs of counts; a ``gap``'s
+    ``w``, ``ep`` and ``ci`` counts. Fields may be absent
     where :meth:`Catalog.read` has a default. An event of a kind this version does not know is
     well formed (and ignored)."""
     kind, seg = event.get("e"), event.get("seg", "")
@@ -129,13 +130,20 @@ def _well_formed(event: dict[str, object]) -> bool:
         return False
     if not all(_is_count(event.get(k, 0)) for k in ("rows", "n")) or not isinstance(event.get("why", ""), str):
         return False
-    ident, bad = event.get("id", []), event.get("bad", [])
+    ident = event.get("id", [])
     if "id" not in event and kind in ("checked", "masked"):
         return False
     if not isinstance(ident, list) or not all(type(i) is int for i in ident):
         return False
-    return isinstance(bad, list) and all(isinstance(r, list) and len(r) == 2 and _is_count(r[0])
-                                         and _is_count(r[1]) and r[0] <= r[1] for r in bad)
+    if kind == "gap" and not all(_is_count(event.get(k)) for k in ("w", "ep", "ci")):
+        return False
+    return all(_ranges(event.get(k, [])) for k in ("bad", "torn"))
+
+
+def _ranges(rs: object) -> bool:
+    """A list of ``[start, stop)`` pairs of counts."""
+    return isinstance(rs, list) and all(isinstance(r, list) and len(r) == 2 and _is_count(r[0]) and _is_count(r[1])
+                                        and r[0] <= r[1] for r in rs)
 
 
 def short_list(names: list[str], most: int = 5) -> str:

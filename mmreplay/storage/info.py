@@ -79,7 +79,8 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
         "evicted_segments": max(int(stats.get("evicted_segments", 0)), sum(catalog.evicted.values())),
         "evictions": catalog.evicted,  # by reason: capacity, disk (since the catalog existed)
         "lost_segments": store.lost_segments(),  # lists, then reads the catalog: no eviction reads as a loss
-        "unreadable_segments": {**r.skipped, **{m.name: m.failed for m in r.segments.values() if m.failed}},
+        "unreadable_segments": {**{n: why for n, why in r.skipped.items() if why},
+                                **{m.name: m.failed for m in r.segments.values() if m.failed}},
         "damaged_rows": r.check_counts()["damaged_rows"],  # left out of every batch
         "masked_rows": masked_rows(store),  # of those, acknowledged by a repair
         "metadata": store.metadata,

@@ -52,12 +52,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, SEQ_MASK, STAMP_DTYPE, STATE_SEALED, Control, Header,
-                     Layout, damaged_control_slots, read_control)
+from .format import CONTROL_OFFSET, SEQ_MASK, STATE_SEALED, Control, Header, Layout, damaged_control_slots
 from ..core.errors import CorruptSegmentError
 from ..core import fs
 from ..core.fs import fsync_dir
-from .segment import Segment, parse_segment_name, read_segment_meta, segment_name
+from .segment import Segment, parse_segment_name, read_segment_meta, segment_name, shows_rows, stamp_column
 from .checks import identity, to_ranges
 from .locks import ALLOC, writer_lock_name
 
@@ -132,31 +131,6 @@ def _why_clean(name: str) -> str:
 
 
 # -- evidence read without trusting a header ------------------------------------------------------
-def stamp_column(path: os.PathLike[str], layout: Layout) -> np.ndarray:
-    """The stamps a file holds (as many as its size allows; empty if it is gone)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = os.pread(fh.fileno(), 16 * layout.segment_records, layout.stamps_offset)
-    except FileNotFoundError:
-        return np.zeros(0, STAMP_DTYPE)
-    return np.frombuffer(raw[: len(raw) // 16 * 16], STAMP_DTYPE)
-
-
-def shows_rows(path: os.PathLike[str], layout: Layout) -> bool:
-    """Whether a file's control page (a valid slot with rows) or stamps (any row number) show a row,
-    read without its header."""
-    try:
-        with open(path, "rb") as fh:
-            page = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
-    except FileNotFoundError:
-        return False
-    if len(page) == 2 * CONTROL_SLOT_SIZE:
-        control, _ = read_control(page)
-        if control is not None and control.committed:
-            return True
-    return bool(np.any(stamp_column(path, layout)["seq"]))
-
-
 def stamped_extent(h: Header, st: np.ndarray) -> int:
     """One past the last row whose stamp holds its own row number (0 if none)."""
     n = min(len(st), h.usable_records)
@@ -254,8 +228,8 @@ def _survey(store: StoreFiles) -> dict[str, _Seen]:
     """Every segment-named file: its header and control page, or why they cannot be read."""
     out = {}
     for name in sorted(os.listdir(store.segments_dir)):
-        if parse_segment_name(name) is None:
-            continue
+        if parse_segment_name(name) is None or not os.path.isfile(store.segments_dir / name):
+            continue  # (a directory under a segment's name is left alone; verify names it)
         try:
             fd = os.open(store.segments_dir / name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -441,7 +415,7 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
     sessions: dict[int, list[tuple[int, str, Header, Control | None]]] = {}
     for name in os.listdir(store.segments_dir):
         parsed = parse_segment_name(name)
-        if parsed is None or parsed[1] != writer_id:
+        if parsed is None or parsed[1] != writer_id or not os.path.isfile(store.segments_dir / name):
             continue
         try:
             fd = os.open(store.segments_dir / name, os.O_RDONLY | os.O_CLOEXEC)

@@ -38,6 +38,7 @@ from .format import (
     IS_LAST,
     PAGE_SIZE,
     STAMPS,
+    STAMP_DTYPE,
     STATE_OPEN,
     STATE_SEALED,
     Control,
@@ -99,7 +100,7 @@ def segment_state(path: Path) -> tuple[int, int, int]:
     try:
         with open(path, "rb") as fh:
             buf = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         return 0, 0, 0
     control, _ = read_control(buf)
     return (control.state, control.committed, control.synced) if control else (STATE_OPEN, 0, 0)
@@ -127,6 +128,31 @@ def read_segment_meta(fd: int, path: object, layout: Layout, store_uuid: bytes, 
                                   kind="counts")
     control, _ = read_control(buf[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE])
     return header, control
+
+
+def stamp_column(path: os.PathLike[str] | str, layout: Layout) -> np.ndarray:
+    """The stamps a file holds (as many as its size allows; empty if it is gone)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = os.pread(fh.fileno(), 16 * layout.segment_records, layout.stamps_offset)
+    except (FileNotFoundError, IsADirectoryError):
+        return np.zeros(0, STAMP_DTYPE)
+    return np.frombuffer(raw[: len(raw) // 16 * 16], STAMP_DTYPE)
+
+
+def shows_rows(path: os.PathLike[str] | str, layout: Layout) -> bool:
+    """Whether a file's control page (a valid slot with rows) or stamps (any row number) show a row,
+    read without its header."""
+    try:
+        with open(path, "rb") as fh:
+            page = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    if len(page) == 2 * CONTROL_SLOT_SIZE:
+        control, _ = read_control(page)
+        if control is not None and control.committed:
+            return True
+    return bool(np.any(stamp_column(path, layout)["seq"]))
 
 
 class Segment:

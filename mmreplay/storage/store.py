@@ -481,12 +481,11 @@ class ReplayStore:
 def _say_recovered(path: Path, report: Any) -> None:
     """One line for what recovery did when it cost or removed anything (rows lost, masked, files)."""
     lost, masked = report.rows_lost, sum(report.masked.values())
-    if lost or masked or report.cleaned or report.unreadable or report.renamed or report.rebuilt or report.catalog:
+    if lost or masked or report.unreadable or report.catalog:  # (leftovers finished, names fixed: nothing lost)
         log.warning("%s: recovery after an unclean stop: %d segment(s) recovered, %d row(s) lost (never made durable, "
-                    "or in segments gone), %d damaged row(s) masked, %d file(s) holding no row removed, %d renamed, "
-                    "%d header(s) rebuilt, %d file(s) left for `mmreplay verify --repair`", path,
-                    len(report.recovered), lost, masked, len(report.cleaned), len(report.renamed), len(report.rebuilt),
-                    len(report.unreadable))
+                    "or in segments gone), %d damaged row(s) masked, %d file(s) left for `mmreplay verify --repair`%s",
+                    path, len(report.recovered), lost, masked, len(report.unreadable),
+                    f"; CATALOG.log {report.catalog}" if report.catalog else "")
     for line in report.lines():
         log.info("%s: %s", path, line)
 

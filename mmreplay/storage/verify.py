@@ -41,7 +41,7 @@ from .checks import from_ranges, identity, scan_rows, to_ranges
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, Header, damaged_control_slots
 from ..core import fs
 from ..core.errors import CorruptSegmentError, StoreLockedError
-from .segment import Segment, parse_segment_name
+from .segment import Segment, parse_segment_name, shows_rows
 from .locks import ADMIN, writer_lock_name
 from .manifest import MANIFEST, load_manifest, restore_manifest
 
@@ -125,6 +125,9 @@ def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] 
         parsed = parse_segment_name(name)
         if parsed is None:
             notes.append(Problem(name, None, "not a segment file name (left alone, not served)"))
+            continue
+        if not os.path.isfile(store.segments_dir / name):
+            notes.append(Problem(name, None, "not a regular file (a directory?): left alone, not served"))
             continue
         problems.extend(_verify_segment(store, store.segments_dir / name, parsed, fast=fast, checks=checks,
                                         live=live, notes=notes, writable=writable, headers=headers))
@@ -223,6 +226,10 @@ def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, f
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
     except CorruptSegmentError as exc:
+        if exc.kind != "foreign" and name not in live and not shows_rows(path, store.layout):
+            notes.append(Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: it holds no row (a creation a "
+                                             "crash cut short; the next writable open removes it)"))
+            return []
         if exc.kind == "foreign":
             return [Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: no row of this store "
                                         "(`verify --repair` quarantines the file)", fix="quarantine")]
@@ -359,6 +366,7 @@ def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
             out.actions.append(f"masked {len(slots)} damaged row(s) of {name} (slots "
                                f"{_ranges_text(to_ranges(slots))}); its other rows are kept")
         out.problems = verify_store(store)
+        out.actions = list(dict.fromkeys(out.actions))  # (the open's recovery and this one may say the same)
         return out
     finally:
         admin.release()

@@ -9,8 +9,7 @@ a kill -9, a power loss, an older or newer version or a stray hand leaves in ``p
 processes, possibly killed mid-way: their readers accept any JSON shape. Each command runs twice
 in-process (``CliRunner``; ``collect --workers 0`` runs its worker here too, so a worker's
 exception would surface as this process's traceback). A line is "about the oddity" when the
-command's run on the pristine store does not say it (numbers and paths made alike); what a
-command still says twice is listed in ``SAID_TWICE`` and is an xfail of its own. Last, kill -9 of
+command's run on the pristine store does not say it (numbers and paths made alike). Last, kill -9 of
 a real ``collect --workers 2``, right after its run's record is written and at a random moment.
 """
 
@@ -256,31 +255,6 @@ def _commands(store: Path, tmp: Path) -> list[tuple[str, Callable[[int], list[st
 READ_ONLY = ("info", "info --json", "verify", "export", "train")
 """Commands that change nothing a second run reads: it answers the same."""
 
-SAID_TWICE: dict[tuple[str, str], str] = {
-    ("empty segment file (power loss)", "info"):
-        "info lists the file as unreadable, and the reader's own warning at the open says it again ('left out (its "
-        "rows are not served; ...)', reader.py _scan)",
-    ("empty segment file (power loss)", "verify"):
-        "verify prints 'problem: NAME: header truncated ...', and the reader's own warning at the open says it again "
-        "('left out (its rows are not served; ...)', reader.py _scan)",
-    ("empty segment file (power loss)", "collect"):
-        "the collect's open of the store and its worker's each log the reader's 'left out (...)' warning (reader.py "
-        "_scan): recovery.py leaves a segment file with no header alone, so every open finds it again",
-    (".tmp", "verify --repair"):
-        "the writable open's recovery logs 'PATH: recovery after an unclean stop: ... 1 file(s) holding no row "
-        "removed' (store.py _say_recovered), and repair prints 'repaired: removed NAME (no row: ...)' of the same file",
-    (".deleted", "verify --repair"):
-        "the writable open's recovery logs 'PATH: recovery after an unclean stop: ... 1 file(s) holding no row "
-        "removed' (store.py _say_recovered), and repair prints 'repaired: removed NAME (no row: ...)' of the same file",
-    ("empty segment file (power loss)", "verify --repair"):
-        "repair prints 'repaired: left NAME alone: ... header truncated' twice (verify.py repair_store reports the "
-        "open's recovery and its own recover_abandoned pass; recovery.py leaves a file with no header alone), then "
-        "'repaired: quarantined NAME as NAME.corrupt'",
-}
-"""What a command says more than once about an oddity, and where (the storage room; outside this test's
-reach): the commands still must not crash, and ``test_one_line_about_each_oddity`` marks each as xfail."""
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _no_fsync() -> Iterator[None]:
     """Durability is not what is tested here (tests/fault is where power losses are): the commands'
@@ -357,20 +331,10 @@ def test_every_command_answers_whatever_the_store_holds(oddity: str, base: Path,
     shutil.copytree(store, fresh)
     for name, argv in _commands(store, tmp_path) + _repair(fresh):
         where = fresh if name == "verify --repair" else store
-        codes = [_check(name, argv(k), where, baseline, lines=(oddity, name) not in SAID_TWICE) for k in range(2)]
+        codes = [_check(name, argv(k), where, baseline, lines=True) for k in range(2)]
         assert name not in READ_ONLY or codes[0] == codes[1], (name, codes)
     for name, argv in _commands(fresh, tmp_path)[:3]:
         _check(name, argv(0), fresh, baseline)
-
-
-@pytest.mark.parametrize("oddity, command", [pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=why))
-                                             for key, why in SAID_TWICE.items()])
-def test_one_line_about_each_oddity(oddity: str, command: str, base: Path, baseline: dict[str, set[str]],
-                                    tmp_path: Path) -> None:
-    """What the test above lets a command say twice: one line would do."""
-    store = _odd_copy(base, tmp_path, oddity)
-    (argv,) = [argv for name, argv in _commands(store, tmp_path) + _repair(store) if name == command]
-    _check(command, argv(0), store, baseline)
 
 
 def test_info_of_a_run_killed_before_its_workers_wrote_records(base: Path, tmp_path: Path) -> None:
