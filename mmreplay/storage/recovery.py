@@ -122,6 +122,11 @@ class RecoveryReport:
         return out
 
 
+def _why(exc: CorruptSegmentError) -> str:
+    """The error's message without the library's hint (the report says what to do)."""
+    return str(exc.args[0]) if exc.args else str(exc)
+
+
 def _why_clean(name: str) -> str:
     if name.endswith(".tmp"):
         return "an interrupted creation"
@@ -169,8 +174,15 @@ def _finish_leftovers(store: StoreFiles, state: CatalogState, names: list[str], 
     for name in names:
         path = d / name
         if name.endswith(".tmp"):
-            if shows_rows(path, store.layout):  # never made by this store's protocol: kept, for a repair
-                report.unreadable[name] = "a leftover .tmp file that holds rows (kept)"
+            final = name.removeprefix(".").removesuffix(".tmp")
+            if shows_rows(path, store.layout):
+                # a segment whose creation's rename a power loss undid while its rows reached the disk: put back
+                if parse_segment_name(final) and not os.path.exists(d / final):
+                    fs.rename(path, d / final)
+                    fsync_dir(d)
+                    report.renamed[name] = final
+                else:
+                    report.unreadable[name] = "a leftover .tmp file that holds rows (kept)"
                 continue
             fs.unlink(path)
             report.cleaned.append(name)
@@ -345,14 +357,14 @@ def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> l
             continue
         path = store.segments_dir / name
         if exc.kind == "foreign":  # another store's: no row of this one; a repair quarantines it
-            report.unreadable[name] = str(exc)
+            report.unreadable[name] = _why(exc)
         elif name not in state.live and not shows_rows(path, store.layout):
             _depart(store, name, lambda p=path: fs.unlink(p))  # an unfinished creation
             report.cleaned.append(name)
         elif exc.kind == "header" and (kept := _rebuild_header(store, name, seen)):
             report.rebuilt[name] = kept
         else:
-            report.unreadable[name] = str(exc)  # kept; `verify --repair` quarantines it
+            report.unreadable[name] = _why(exc)  # kept; `verify --repair` quarantines it
     if report.renamed or report.cleaned:
         fsync_dir(store.segments_dir)
     return [s.header for n, s in seen.items() if s.header is not None and n not in report.cleaned]
@@ -424,7 +436,7 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
         try:
             header, control = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
         except CorruptSegmentError as exc:
-            report.unreadable[name] = str(exc)  # verify --repair quarantines it
+            report.unreadable[name] = _why(exc)  # verify --repair quarantines it
             continue
         finally:
             os.close(fd)
@@ -473,7 +485,7 @@ def _recover_one(store: StoreFiles, name: str, report: RecoveryReport, *, tail: 
     except FileNotFoundError:
         return
     except CorruptSegmentError as exc:
-        report.unreadable[name] = str(exc)
+        report.unreadable[name] = _why(exc)
         return
     try:
         kept, bad, torn, unpublished = _check_and_seal(seg, tail=tail, count=count)

@@ -374,6 +374,26 @@ class Segment:
         os.close(fd)
         self._fd = -1
 
+    @staticmethod
+    def sync_closed(path: Path, n: int) -> bool:
+        """Make a sealed segment closed without a sync durable (``fdatasync``), then record its
+        ``n`` rows as synced in its control page; False if the file is gone (evicted). The caller
+        fsyncs the directory."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fs.fdatasync(fd)
+            control, slot = read_control(os.pread(fd, 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET))
+            if control is not None and control.synced < n:
+                c = control
+                fs.pwrite(fd, Control(c.version + 1, c.committed, n, c.state, c.seal_crc).pack(),
+                          CONTROL_OFFSET + (1 - slot) * CONTROL_SLOT_SIZE)
+        finally:
+            os.close(fd)
+        return True
+
     def unmap(self) -> None:
         """Drop the mapping and its views (the file stays open for ``close_durable``); idempotent."""
         if self.mm.closed:

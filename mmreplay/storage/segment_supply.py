@@ -89,6 +89,7 @@ class SegmentSupply:
         self.damaged_here = damaged_here
         """Told a sealed segment's name and slots when its check at seal finds rows changed since written."""
         self._bad: dict[str, Any] = {}  # the check at seal of each segment closed and not catalogued yet
+        self._volatile: list[tuple[Any, int]] = []  # (path, rows) of sealed segments closed without a sync
         self.writer_id = writer_id
         self.lanes = lanes  # lanes of each segment
         self.usable = usable
@@ -237,6 +238,8 @@ class SegmentSupply:
             seg.close_durable(n)
         else:
             seg.close(fdatasync=self.durability == "batch")
+            if self.durability == "process":
+                self._volatile.append((seg.path, n))  # a flush() makes it durable
         self._bad[seg.path.name] = bad
         self._closed.append(seg)  # catalogued by the writer's thread (list.append: no system call)
 
@@ -310,6 +313,15 @@ class SegmentSupply:
                     raise exc
         finally:
             self._catalogue_closed()
+
+    def sync_closed(self) -> None:
+        """Make the sealed segments this session closed without a sync (``durability="process"``)
+        durable, and their directory entries (``flush()``: every row written so far survives a power
+        loss, the sealed segments' as well as the open one's)."""
+        self.wait()
+        done, self._volatile = self._volatile, []
+        if any([Segment.sync_closed(path, n) for path, n in done]):
+            fsync_dir(self.files.segments_dir)
 
     def discard(self, segs: Segments) -> None:
         """Delete segments that never held a row (``.deleted`` rename first, like eviction)."""

@@ -38,7 +38,7 @@ import numpy as np
 
 from .catalog import CATALOG, SegmentRecord
 from .checks import from_ranges, identity, scan_rows, to_ranges
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, Header, damaged_control_slots
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, Header, damaged_control_slots, read_control
 from ..core import fs
 from ..core.errors import CorruptSegmentError, StoreLockedError
 from .segment import Segment, parse_segment_name, shows_rows
@@ -108,8 +108,13 @@ def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] 
     headers: list[Header] = []
     for name in names:
         if name.endswith(".tmp"):
-            notes.append(Problem(name, None, "leftover of an interrupted segment creation (no row; the next writable "
-                                             "open removes it)"))
+            if shows_rows(store.segments_dir / name, store.layout):
+                problems.append(Problem(name, None, "a segment whose creation a crash undid while its rows reached the "
+                                                    "disk: not served (a writable open or `verify --repair` puts it "
+                                                    "back under its name)", fix="rename"))
+            else:
+                notes.append(Problem(name, None, "leftover of an interrupted segment creation (no row; the next "
+                                                 "writable open removes it)"))
             continue
         if name.endswith(".deleted"):
             notes.append(Problem(name, None, "leftover of an interrupted eviction (the next writable open finishes "
@@ -374,9 +379,7 @@ def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
 
 def _rows_of(store: StoreFiles, name: str, live: dict[str, int]) -> int | None:
     """Rows of segment ``name``: the catalog's count, else its control page's (read without its
-    header), else None."""
-    from .segment import segment_state
-
+    header; an open segment's published count too), else None."""
     if name in live:
         return live[name]
     path = store.segments_dir / name
@@ -385,8 +388,9 @@ def _rows_of(store: StoreFiles, name: str, live: dict[str, int]) -> int | None:
             return None
     except FileNotFoundError:
         return None
-    state, committed, _ = segment_state(path)
-    return committed if state == STATE_SEALED else None
+    with open(path, "rb") as fh:
+        control, _ = read_control(os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET))
+    return control.committed if control is not None else None  # (a valid control slot's count, sealed or not)
 
 
 def _write_back(store: StoreFiles, problem: Problem) -> str:

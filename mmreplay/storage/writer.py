@@ -241,6 +241,12 @@ class Writer:
                 return
             self._publish()
             self._wait_syncs()
+            if self.durability == "process":
+                try:
+                    self._supply.sync_closed()
+                except BaseException as exc:
+                    self._failed = exc
+                    raise
             if self._synced < self._n:
                 for seg in self._segs:
                     seg.publish_durable(self._synced, self._n)
