@@ -46,7 +46,7 @@ from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS,
 from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
 from ..core.errors import CorruptSegmentError
 from .locks import held_elsewhere, writer_lock_name
-from .segment import parse_segment_name, read_segment_meta, shows_rows
+from .segment import never_held_rows, parse_segment_name, read_segment_meta
 from .checks import SYNC_CHECK_BYTES, Checker, DamagePatch, CheckJob, apply_patch, damage_patch, identity, to_ranges
 from ..core.fs import map_private, write_private
 from .snapshot import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID, SEG_LANES, SEG_PRED,
@@ -341,7 +341,7 @@ class StoreReader:
             except FileNotFoundError:
                 continue  # evicted between listing and opening
             except CorruptSegmentError as exc:
-                if (exc.kind != "foreign" and not shows_rows(self.dir / name, self.layout)
+                if (exc.kind != "foreign" and never_held_rows(self.dir / name, self.layout)
                         and (self.checker is None or self.checker.catalogued_rows(name) is None)):
                     self.skipped[name] = ""  # never held a row (a creation a crash cut short): nothing to say
                     log.debug("%s holds no row (an unfinished creation): %s", name, exc)

@@ -52,11 +52,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import CONTROL_OFFSET, SEQ_MASK, STATE_SEALED, Control, Header, Layout, damaged_control_slots
+from .format import CONTROL_OFFSET, PAGE_SIZE, SEQ_MASK, STATE_SEALED, Control, Header, Layout, damaged_control_slots
 from ..core.errors import CorruptSegmentError
 from ..core import fs
 from ..core.fs import fsync_dir
-from .segment import Segment, parse_segment_name, read_segment_meta, segment_name, shows_rows, stamp_column
+from .segment import (Segment, never_held_rows, parse_segment_name, read_segment_meta, segment_name, shows_rows,
+                      stamp_column)
 from .checks import identity, to_ranges
 from .locks import ALLOC, writer_lock_name
 
@@ -82,6 +83,9 @@ class RecoveryReport:
     it stamped past its last published count: lost."""
     masked: dict[str, int] = field(default_factory=dict)
     """segment file -> damaged durable rows masked (their bytes stay in the file; never served)."""
+    torn: dict[str, int] = field(default_factory=dict)
+    """segment file -> of its ``dropped`` rows, the torn ones left in place inside its count (masked
+    there like damaged rows: a reader's ``check_counts()["damaged_rows"]`` counts them too)."""
     cleaned: list[str] = field(default_factory=list)
     """Files removed: unfinished creations, finished evictions, segments that never held a row."""
     renamed: dict[str, str] = field(default_factory=dict)
@@ -250,10 +254,20 @@ def _survey(store: StoreFiles) -> dict[str, _Seen]:
             h, c = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
             out[name] = _Seen(name, h, c)
         except CorruptSegmentError as exc:
-            out[name] = _Seen(name, None, None, exc)
+            out[name] = _Seen(name, _intact_header(fd, store) if exc.kind in ("short", "counts") else None, None, exc)
         finally:
             os.close(fd)
     return out
+
+
+def _intact_header(fd: int, store: StoreFiles) -> Header | None:
+    """The header of a file refused for its size or counts, when the header itself is this store's
+    and intact (its identity: a file cut short under the wrong name is renamed like any other)."""
+    try:
+        h = Header.unpack(os.pread(fd, PAGE_SIZE, 0), "")
+    except CorruptSegmentError:
+        return None
+    return h if h.store_uuid == store.store_uuid and h.schema_hash == store.schema.hash else None
 
 
 def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport) -> None:
@@ -269,6 +283,13 @@ def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport
         assert s.header is not None
         target = segment_name(s.header.segment_id, s.header.writer_id)
         holder = seen.get(target)
+        if (holder is not None and holder.error is not None and s.error is None and holder.header is not None
+                and parse_segment_name(target) == (holder.header.segment_id, holder.header.writer_id)):
+            aside = _free_name(d, target + ".dup.corrupt")  # a damaged copy under the name: the intact one takes it
+            fs.rename(d / target, d / aside)
+            report.unreadable[aside] = f"a damaged copy of {target} ({_why(holder.error)}): set aside"
+            del seen[target]
+            holder = None
         if holder is not None and holder.header is not None and parse_segment_name(target) == (
                 holder.header.segment_id, holder.header.writer_id):
             dup = _free_name(d, target + ".dup.corrupt")  # the segment is held by the file of its name
@@ -277,11 +298,17 @@ def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport
                                      f"served from {target})"
             del seen[name]
             continue
+        if holder is not None and holder.header is None and all(t != name for _, t in staged):
+            # a file whose header cannot be read holds the name: the two traded names (the likeliest), so it
+            # takes this one's (its header is rebuilt there, or it is quarantined under it)
+            fs.rename(d / target, d / (name + RENAMING))
+            staged.append((target, name))
         fs.rename(d / name, d / (target + RENAMING))
         staged.append((name, target))
     fsync_dir(d)
+    moving = {name: seen.pop(name) for name, _ in staged}  # (all out first: two swapped files trade names)
     for name, target in staged:
-        s = seen.pop(name)
+        s = moving[name]
         if os.path.exists(d / target):  # an unreadable file holds the name: both kept, for a repair
             report.unreadable[target + RENAMING] = f"its header names {target}, which another file holds"
             continue
@@ -291,10 +318,10 @@ def _fix_names(store: StoreFiles, seen: dict[str, _Seen], report: RecoveryReport
     fsync_dir(d)
 
 
-def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> int:
+def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> tuple[int, Header | None]:
     """Write back the header of segment file ``name`` (unreadable) from another segment of the same
-    writer: the session under whose epoch its stamped rows verify. Returns the rows that verify (0:
-    nothing written)."""
+    writer: the session under whose epoch its stamped rows verify. Returns the rows that verify and
+    the header written (``(0, None)``: nothing written)."""
     from .checks import scan
 
     parsed = parse_segment_name(name)
@@ -303,18 +330,18 @@ def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> int
     lay = store.layout
     path = store.segments_dir / name
     if os.stat(path).st_size < lay.file_size:
-        return 0
+        return 0, None
     st = stamp_column(path, lay)
     stamped = np.flatnonzero(st["seq"])
     if not len(stamped):
-        return 0
+        return 0, None
     sessions = {}
     for s in seen.values():
         h = s.header
         if h is not None and h.writer_id == wid and h.segment_id != sid:
             sessions.setdefault(h.session_epoch, []).append(h)
     if not sessions:
-        return 0
+        return 0, None
     with open(path, "rb") as fh:
         data = os.pread(fh.fileno(), lay.file_size, 0)
     best, best_good = None, 0
@@ -336,14 +363,14 @@ def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> int
             if good > best_good:
                 best, best_good = h, good
     if best is None:
-        return 0
+        return 0, None
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         fs.pwrite(fd, best.pack(), 0)
         fs.fsync(fd)
     finally:
         os.close(fd)
-    return best_good
+    return best_good, best
 
 
 def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> list[Header]:
@@ -358,16 +385,20 @@ def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> l
         path = store.segments_dir / name
         if exc.kind == "foreign":  # another store's: no row of this one; a repair quarantines it
             report.unreadable[name] = _why(exc)
-        elif name not in state.live and not shows_rows(path, store.layout):
+        elif name not in state.live and never_held_rows(path, store.layout):
             _depart(store, name, lambda p=path: fs.unlink(p))  # an unfinished creation
             report.cleaned.append(name)
-        elif exc.kind == "header" and (kept := _rebuild_header(store, name, seen)):
-            report.rebuilt[name] = kept
+        elif exc.kind == "header" and (rebuilt := _rebuild_header(store, name, seen))[0]:
+            report.rebuilt[name] = rebuilt[0]
+            seen[name] = _Seen(name, rebuilt[1], None)
         else:
             report.unreadable[name] = _why(exc)  # kept; `verify --repair` quarantines it
     if report.renamed or report.cleaned:
         fsync_dir(store.segments_dir)
-    return [s.header for n, s in seen.items() if s.header is not None and n not in report.cleaned]
+    # (for chain positions: segments that hold rows, or may; a spare made ahead of need says nothing of the one
+    # before it, which may not be full)
+    return [s.header for n, s in seen.items() if s.header is not None and n not in report.cleaned
+            and (s.control is None or s.control.committed or n in state.live)]
 
 
 def _acknowledge_gaps(store: StoreFiles, state: CatalogState, headers: list[Header], report: RecoveryReport) -> None:
@@ -446,7 +477,9 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
         rows = [_held(store, name, h, c, catalogued) for _, name, h, c in chain]
         for i, (_, name, h, c) in enumerate(chain):
             full = any(rows[i + 1:])  # the session wrote past it: it was full
-            if not rows[i] and not full:  # no row by the catalog, the control page and the stamps: a spare
+            path = store.segments_dir / name
+            if not rows[i] and not full and (c is not None or never_held_rows(path, store.layout)):
+                # no row by the catalog, the control page and the stamps: a spare
                 if name not in catalogued and (c is None or c.state != STATE_SEALED):
                     alloc = store.lock(ALLOC)
                     alloc.acquire(exclusive=True, blocking=True)
@@ -458,7 +491,8 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
                 continue
             if c is not None and c.state == STATE_SEALED and c.synced >= c.committed:
                 continue  # sealed and durable: trusted (checked by the first reader, or verify)
-            tail = not full and name not in catalogued and c is not None and c.state != STATE_SEALED
+            # a dead writer's last segment, open or with no readable control page: its count is its own
+            tail = not full and name not in catalogued and (c is None or c.state != STATE_SEALED)
             count = h.usable_records if full else catalogued.get(name, rows[i])
             _recover_one(store, name, report, tail=tail, count=count)
     return report
@@ -493,6 +527,8 @@ def _recover_one(store: StoreFiles, name: str, report: RecoveryReport, *, tail: 
         lost = len(torn) + unpublished
         if lost:
             report.dropped[name] = lost
+        if np.count_nonzero(torn < kept):
+            report.torn[name] = int(np.count_nonzero(torn < kept))
         if len(damaged):
             report.masked[name] = len(damaged)
         report.recovered[name] = kept - len(bad)
@@ -514,6 +550,8 @@ def _check_and_seal(seg: Segment, *, tail: bool, count: int) -> tuple[int, np.nd
     usable = h.usable_records
     intact = bool(c.version) and not damaged_control_slots(seg.view[CONTROL_OFFSET:])
     extent = stamped_extent(h, seg.stamps)
+    if not intact and not extent:  # the count is the stamps' (and, where they are gone too, the records written)
+        extent = _written_extent(seg)
     if tail:
         committed = min(c.committed, usable) if c.version else 0
         count = committed if intact else max(committed, extent)
@@ -523,12 +561,12 @@ def _check_and_seal(seg: Segment, *, tail: bool, count: int) -> tuple[int, np.nd
         # (a control slot damaged: the durable point it holds is not the writer's last word, so every
         # row is taken as durable and a bad one as damaged)
         synced = min(c.synced, count) if intact else count
+    unpublished = int(np.count_nonzero(seg.stamps["seq"][count:extent])) if extent > count else 0
     bad = np.flatnonzero(scan(h, seg.layout, seg.stamps, seg.view, 0, count)).astype(np.int64)
     torn = bad[bad >= synced]
     if tail and len(torn):  # torn rows that end the segment are cut off, not masked
         good_after = np.setdiff1d(np.arange(synced, count), torn)
         count = max(synced, int(good_after[-1]) + 1 if len(good_after) else synced)
-    unpublished = int(np.count_nonzero(seg.stamps["seq"][count:extent])) if extent > count else 0
     nz = np.flatnonzero(seg.stamps["seq"][count:])
     if len(nz):
         seg.stamps[count : count + nz[-1] + 1] = 0  # stale stamps past the count must never come back
@@ -536,6 +574,14 @@ def _check_and_seal(seg: Segment, *, tail: bool, count: int) -> tuple[int, np.nd
     seg.publish(count, synced=count, state=STATE_SEALED, seal_crc=seg.stamps_crc(count))
     seg.sync_control()
     return count, bad[bad < count], torn, unpublished
+
+
+def _written_extent(seg: Segment) -> int:
+    """One past the last row whose record holds a non-zero byte (rows written, whatever their stamps)."""
+    recs = np.frombuffer(seg.view, np.uint8, seg.layout.record_bytes * seg.header.usable_records,
+                         seg.layout.records_offset).reshape(seg.header.usable_records, -1)
+    hit = np.flatnonzero(recs.any(axis=1))
+    return int(hit[-1]) + 1 if len(hit) else 0
 
 
 def seal_checked(seg: Segment, count: int) -> tuple[int, np.ndarray]:

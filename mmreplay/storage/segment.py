@@ -49,6 +49,7 @@ from .format import (
     group_seed,
     SEQ_MASK,
     kernel,
+    damaged_control_slots,
     read_control,
     row_digests,
 )
@@ -141,8 +142,8 @@ def stamp_column(path: os.PathLike[str] | str, layout: Layout) -> np.ndarray:
 
 
 def shows_rows(path: os.PathLike[str] | str, layout: Layout) -> bool:
-    """Whether a file's control page (a valid slot with rows) or stamps (any row number) show a row,
-    read without its header."""
+    """Whether a file's control page (a valid slot with rows, or a damaged slot) or stamps (any row
+    number) show a row, read without its header."""
     try:
         with open(path, "rb") as fh:
             page = os.pread(fh.fileno(), 2 * CONTROL_SLOT_SIZE, CONTROL_OFFSET)
@@ -150,9 +151,26 @@ def shows_rows(path: os.PathLike[str] | str, layout: Layout) -> bool:
         return False
     if len(page) == 2 * CONTROL_SLOT_SIZE:
         control, _ = read_control(page)
-        if control is not None and control.committed:
-            return True
+        if (control is not None and control.committed) or damaged_control_slots(page):
+            return True  # (a damaged slot held a count: the file was written to)
     return bool(np.any(stamp_column(path, layout)["seq"]))
+
+
+def never_held_rows(path: os.PathLike[str] | str, layout: Layout) -> bool:
+    """Whether a segment file shows no sign of ever holding a row: neither its control page nor its
+    stamps show one (``shows_rows``), and its size is one a crash leaves of a creation (empty, or
+    the full size), or what it holds is zeros. A file cut short with data left in it is damage:
+    not this."""
+    try:
+        size = os.stat(path).st_size
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    if shows_rows(path, layout):
+        return False
+    if size == 0 or size >= layout.file_size:
+        return True
+    with open(path, "rb") as fh:
+        return not any(fh.read(2 * PAGE_SIZE))
 
 
 class Segment:

@@ -41,7 +41,7 @@ from .checks import from_ranges, identity, scan_rows, to_ranges
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, STATE_SEALED, Header, damaged_control_slots, read_control
 from ..core import fs
 from ..core.errors import CorruptSegmentError, StoreLockedError
-from .segment import Segment, parse_segment_name, shows_rows
+from .segment import Segment, never_held_rows, parse_segment_name, shows_rows
 from .locks import ADMIN, writer_lock_name
 from .manifest import MANIFEST, load_manifest, restore_manifest
 
@@ -84,7 +84,11 @@ class RepairReport:
     rows_quarantined: int = 0
     """Rows of the segments quarantined (their files kept as ``.corrupt``, no longer served)."""
     rows_lost: int = 0
-    """Rows no file holds any more: a dead writer's torn or unpublished tail, files found gone."""
+    """Rows lost: a dead writer's torn or unpublished rows, files found gone, chain positions no file
+    holds."""
+    rows_torn: int = 0
+    """Of ``rows_lost``, torn rows left masked in place (inside their segment's count: a reader's
+    ``check_counts()["damaged_rows"]`` counts them too)."""
     unknown: list[str] = field(default_factory=list)
     """Files quarantined whose row count nothing records (not in ``rows_quarantined``)."""
 
@@ -231,7 +235,7 @@ def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, f
     try:
         seg = Segment.open_rw(path, store.layout, store.store_uuid, store.schema.hash, writable=False)
     except CorruptSegmentError as exc:
-        if exc.kind != "foreign" and name not in live and not shows_rows(path, store.layout):
+        if exc.kind != "foreign" and name not in live and never_held_rows(path, store.layout):
             notes.append(Problem(name, None, f"{str(exc).removeprefix(f'{path}: ')}: it holds no row (a creation a "
                                              "crash cut short; the next writable open removes it)"))
             return []
@@ -247,7 +251,8 @@ def _verify_segment(store: StoreFiles, path: Path, parsed: tuple[int, int], *, f
         return []  # evicted meanwhile
     try:
         h = seg.header
-        headers.append(h)
+        if seg.control.committed or seg.control.version == 0 or name in live:  # (a spare holds no row: see chain_gaps)
+            headers.append(h)
         if (h.segment_id, h.writer_id) != parsed:
             return [Problem(name, None, f"its header says segment {h.segment_id} of writer {h.writer_id}: its rows are "
                                         "served under that id (`verify --repair` renames the file; nothing lost)",
@@ -314,6 +319,7 @@ def repair_store(store: StoreFiles, *, recovered: RecoveryReport | None = None,
             if report:
                 out.actions += report.lines()
                 out.rows_lost += report.rows_lost  # (rows it masked are masked again below, and counted there)
+                out.rows_torn += sum(report.torn.values())
         for name, rows in sorted(store.lost_segments().items()):  # nothing brings them back: acknowledge
             store.catalog.departed(name, "removed", "lost")
             out.actions.append(f"acknowledged the loss of {name} ({rows:,} rows): its file is gone")
