@@ -246,7 +246,10 @@ class DeviceTier:
         """(B, frames) rows of the observations ending at ``m``, clamped at the episode start:
         each row's stack link (set when it was mirrored) is the row a stack steps back to, the
         previous row of its lane within the episode or itself at the episode's first row. A link
-        into a segment that left the store is never followed: the host rejects such stacks."""
+        into a segment that left the store is never followed: the host rejects such stacks. Nor is
+        one to a masked row (its ``is_last`` byte is not 0): the host serves a stack stepping back
+        to one only where it was the previous episode's final observation, clamped there
+        (``sampling.window_kernels.stack_rows``), which is what the link gives."""
         out = [m]
         for _ in range(frames - 1):
             out.append(self._back[out[-1]])

@@ -181,8 +181,10 @@ class TransitionSampler:
     def windows_left_out(self) -> int:
         """Starts left out because their window (under this sampler's ``n_step`` and
         ``frame_stack``) needs a masked row, or a stack would look into a segment of the session
-        no longer in the store: never shortened or clamped instead. Only the rows within reach
-        of such places are walked (cached per snapshot)."""
+        no longer in the store: never shortened or clamped instead. A stack stepping back to a
+        masked row known to be an episode's final observation (the step before it ended the
+        episode) is clamped there as at any episode start, and served (``window_kernels``). Only
+        the rows within reach of such places are walked (cached per snapshot)."""
         from ..storage import PRED_GONE
 
         self.store.sync_local()
@@ -192,7 +194,7 @@ class TransitionSampler:
         if cached is not None and cached[0] is snap:
             return cached[1]
         n, f = self.n_step, self.frame_stack
-        back, fwd = n, max(f, 1)  # a masked row blocks the n starts before it and the f-1 stacks after it
+        back, fwd = n, max(f, 1)  # a masked row may block the n starts before it and the f-1 stacks after it
         picks: dict[int, list[np.ndarray]] = {}
 
         def take(k: int, lo: int, hi: int) -> None:

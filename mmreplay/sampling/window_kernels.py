@@ -14,7 +14,18 @@ backward for frame stacks, across segment boundaries of the same writer session:
 * a window that needs a **masked** row (a damaged row, its ``is_last`` byte ``MASKED`` in the
   reader's view, ``storage.checks``), or a stack that would step back into a segment of the
   session no longer in the snapshot (evicted, quarantined: whether the episode went on there is
-  unknown), is left out, never shortened or clamped: a view serves only what was written.
+  unknown), is left out, never shortened or clamped: a view serves only what was written;
+* but a masked row is known to be an episode's final observation (``stack_rows``) when the
+  previous row of its lane is in the snapshot, neither masked nor final, and flagged
+  ``terminated`` or ``truncated``: a writer flags the row after such a step ``is_last``
+  (``storage.writer``; exports infer the same, ``core.episodes.masked_last``). A stack stepping
+  back to it is clamped there, as at any final observation: the next episode's stacks do not
+  need it and are served. The windows that read it (its predecessor's next_obs, n-step windows
+  bootstrapping from it) stay left out. Where the previous row is masked, gone, the session's
+  start or not flagged (a final observation written by ``Writer.end_episodes`` follows an
+  unflagged step), it is not known, and a stack stepping back to it is left out. Transition
+  sampling needs ``terminated`` and ``truncated`` (``Schema.require_transition_fields``), so
+  every schema these kernels see has them.
 
 Row addresses are ``(snapshot segment index, slot)``; the next row of a lane is ``lanes`` slots
 on, in the session's next segment past the end (``SEG_SUCC``), the previous one ``lanes`` slots
@@ -125,20 +136,34 @@ def walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot):  #
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def stack_rows(seg, region, rec_bytes, is_last_off, frames, k, slot, ks, slots):  # pragma: no cover - compiled
+def stack_rows(seg, region, rec_bytes, flags, frames, k, slot, ks, slots):  # pragma: no cover - compiled
     """Rows of the ``frames`` observations ending at ``(k, slot)``, oldest first, clamped at the
-    episode start, into ``ks``/``slots``. Returns False (the stack is not served) when a row it
-    would step back to is masked, or lies in a segment no longer in the snapshot."""
+    episode start, into ``ks``/``slots``. ``flags``: record offsets of is_last, terminated,
+    truncated. Returns False (the stack is not served) when a row it would step back to lies in a
+    segment no longer in the snapshot, or is masked and not known to be a final observation. A
+    masked row is known to be one when the previous row of its lane is in the snapshot, an
+    ordinary step (``is_last`` byte 0: neither final nor masked) and flagged terminated or
+    truncated (module docstring): the stack is clamped there, as at any final observation.
+
+    The one place this rule is written (every kernel deciding whether a stack is served calls
+    this), and written inline: with a call on this path, ``valid_starts`` over every row took
+    twice the time."""
+    is_last_off = flags[0]
     ks[frames - 1] = k
     slots[frames - 1] = slot
     for j in range(frames - 2, -1, -1):
         pk, ps = _pred(seg, k, slot)
         if pk >= 0:
             flag = region[seg[pk, SEG_BASE] + ps * rec_bytes + is_last_off]
-            if flag == MASKED:
-                return False
             if flag == 0:
                 k, slot = pk, ps
+            elif flag == MASKED:  # a final observation only if the step before it ended the episode
+                qk, qs = _pred(seg, pk, ps)
+                if qk < 0:
+                    return False
+                q = seg[qk, SEG_BASE] + qs * rec_bytes
+                if region[q + is_last_off] != 0 or (region[q + flags[1]] == 0 and region[q + flags[2]] == 0):
+                    return False
         elif pk != -1:  # the session's earlier segment is gone: is this the episode's start?
             return False
         ks[j] = k
@@ -156,9 +181,9 @@ def window_served(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, fra
     ok, nk, ns, g, disc, te, tr = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, k, slot)
     served = ok == WINDOW_OK
     if served and stack:
-        served = stack_rows(seg, region, rec_bytes, flags[0], frames, k, slot, fk, fs)
+        served = stack_rows(seg, region, rec_bytes, flags, frames, k, slot, fk, fs)
         if served and stack_next:
-            served = stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, gk, gs)
+            served = stack_rows(seg, region, rec_bytes, flags, frames, nk, ns, gk, gs)
     return served, nk, ns, g, disc, te, tr
 
 
@@ -298,8 +323,8 @@ def window_codes(seg, region, rec_bytes, flags, rew, n_step, gamma, frames, ks, 
     for j in range(ks.shape[0]):
         code, nk, ns, _, _, _, _ = walk(seg, region, f4, f8, rec_bytes, flags, rew, n_step, gamma, ks[j], slots[j])
         if code == WINDOW_OK and frames > 1:
-            if not (stack_rows(seg, region, rec_bytes, flags[0], frames, ks[j], slots[j], fk, fs)
-                    and stack_rows(seg, region, rec_bytes, flags[0], frames, nk, ns, fk, fs)):
+            if not (stack_rows(seg, region, rec_bytes, flags, frames, ks[j], slots[j], fk, fs)
+                    and stack_rows(seg, region, rec_bytes, flags, frames, nk, ns, fk, fs)):
                 code = WINDOW_BLOCKED
         out[j] = code
     return out

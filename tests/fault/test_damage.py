@@ -499,3 +499,119 @@ def test_a_damaged_id_counter_is_rebuilt_above_every_id_the_store_has_known(tmp_
               terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
         w.close()
     assert [p.name[:13] for p in segs(path)][-1] == "0000000000003" and len(segs(path)) == 4
+
+
+# -- a masked final observation: the next episode's stacks do not need it ------------------------------
+def _ends_store(path: Path, lanes: int, lane_segments: bool, capacity: int = 100_000) -> dict[str, int]:
+    """One session of ``lanes`` lanes, ``obs = (t, lane, 8t + lane + 1, 0)``, every lane ending its episodes at
+    the same steps. Returns the step ``t`` of a row of each kind: the final observation after a terminated step
+    (mid-segment), after a truncated step (the first row of a segment: its lane predecessor is in the previous
+    segment), one written by ``end_episodes`` (the step before it is not flagged), and a mid-episode row."""
+    edge = R if lane_segments or lanes == 1 else R // lanes  # a lane's first step in its second segment
+    kinds = {"terminated": 11, "truncated": edge, "end_episodes": edge + 30, "mid_episode": edge + 50}
+    s = mmreplay.create_store(path, SCHEMA, capacity=capacity, segment_records=R)
+    w = s.writer(lanes=lanes, lane_segments=lane_segments, publish_rows=1)
+    lane = np.arange(lanes)
+    for t in range(edge + 80):
+        obs = np.stack([np.full(lanes, t), lane, 8 * t + lane + 1, np.zeros(lanes)], 1).astype(np.float32)
+        if t == kinds["end_episodes"]:
+            w.end_episodes(obs)
+            continue
+        w.add(obs=obs, action=np.full(lanes, t, np.int64), reward=np.full(lanes, t % 7, np.float32),
+              terminated=np.full(lanes, t == kinds["terminated"] - 1),
+              truncated=np.full(lanes, t == kinds["truncated"] - 1))
+    w.close()
+    s.close()
+    return kinds
+
+
+def _rows_read(b, n_ids: int, frames: int) -> list[set[tuple[int, int]]]:
+    """Per start of batch ``b``, the (t, lane) rows its view reads: both stacks and the n-step rows between."""
+    obs = b.obs.reshape(n_ids, frames, 4).astype(int)
+    nxt = b.next_obs.reshape(n_ids, frames, 4).astype(int)
+    out = []
+    for i in range(n_ids):
+        lane = int(obs[i, -1, 1])
+        rows = {(int(t), lane) for t in range(obs[i, -1, 0], nxt[i, -1, 0] + 1)}
+        out.append(rows | {(int(r[0]), int(r[1])) for r in (*obs[i], *nxt[i])})
+    return out
+
+
+def _check_around(path: Path, clean: Path, lane: int, victims: list[int], known_final: bool) -> None:
+    """Damage the rows of steps ``victims`` of ``lane`` in ``path`` (a copy of ``clean``) and check every view
+    against the undamaged store's: left out are exactly the starts whose views read a damaged row and, unless the
+    last victim is ``known_final``, the stacks that would step back over it from the row after it."""
+    from mmreplay.testing.damage import served_ids
+
+    with mmreplay.open_store(clean) as c:
+        ids = served_ids(c)
+        by_row = {(int(o[0]), int(o[1])): int(i) for i, o in zip(ids, c.rows("obs", ids))}
+    vids = {by_row[(t, lane)] for t in victims}
+    for vid in vids:
+        damage(next(p for p in segs(path) if int(p.name[:13]) == vid // R), vid % R)
+    t_masked = victims[-1]
+    after = [by_row[(t_masked + d, lane)] for d in (1, 2, 3)]  # the next episode's (or the rest's) first rows
+    with mmreplay.open_store(path) as s, mmreplay.open_store(clean) as c:
+        assert s.check_counts()["damaged_rows"] == len(vids)
+        for n, k in ((1, 4), (3, 4), (2, 2), (3, 1)):
+            got = UniformSampler(s, n_step=n, frame_stack=k, seed=1)
+            want = UniformSampler(c, n_step=n, frame_stack=k, seed=1)
+            every = want.valid_ids()
+            b = want.view(every)
+            masked = {(t, lane) for t in victims}
+            out = {int(i) for i, rows in zip(every, _rows_read(b, len(every), k)) if masked & rows}
+            if not known_final and k > 1:  # stacks clamped at the row after it: did the episode go on? not known
+                for x in (b.obs, b.next_obs):
+                    first = (x[:, 0, 0] == t_masked + 1) & (x[:, 1, 0] == t_masked + 1) & (x[:, 0, 1] == lane)
+                    out |= set(every[first].tolist())
+            kept = got.valid_ids()
+            assert set(kept.tolist()) <= set(every.tolist()), (n, k)
+            assert set(every.tolist()) - set(kept.tolist()) == out, (n, k)
+            assert got.tier_stats()["windows_left_out"] == len(out - vids), (n, k)
+            if known_final:
+                assert set(after) <= set(kept.tolist()), (n, k)  # served: they do not need the masked row
+            else:  # the stacks of its first k - 1 rows would step back to it
+                assert not set(after[: k - 1]) & set(kept.tolist()), (n, k)
+            g, w = got.view(kept), want.view(kept)
+            for field in ("obs", "next_obs", "reward", "discount", "terminated", "truncated", "action"):
+                assert np.array_equal(getattr(g, field), getattr(w, field)), (n, k, field)
+            for _ in range(20):
+                b = got.sample(64)
+                assert valid(b.obs) and valid(b.next_obs)
+            got.close()
+            want.close()
+        with PrioritizedSampler(s, n_step=3, frame_stack=4, seed=2) as p:
+            b = p.sample(256)
+        assert valid(b.obs) and valid(b.next_obs)
+        assert set(b.ids.tolist()) <= set(UniformSampler(s, n_step=3, frame_stack=4).valid_ids().tolist())
+
+
+@pytest.mark.parametrize("lanes,lane_segments", [(1, False), (3, False), (2, True)],
+                         ids=["lanes1", "lanes3", "lane_segments"])
+@pytest.mark.parametrize("kind", ["terminated", "truncated", "end_episodes", "mid_episode"])
+def test_a_masked_final_observation_leaves_the_next_episodes_stacks_served(tmp_path, lanes, lane_segments, kind):
+    """A masked row whose lane predecessor is an ordinary step flagged terminated or truncated was that episode's
+    final observation (the writer flags the row after such a step ``is_last``): the next episode's stacks, clamped
+    at its first row, do not need it and are served, equal to the undamaged store's. Windows that read it (the
+    steps before it: their next_obs) stay left out. Where that is not known (a final observation written by
+    ``end_episodes``, a mid-episode row) every stack stepping back over it is left out too."""
+    path, clean = tmp_path / "s", tmp_path / "clean"
+    t_masked = _ends_store(clean, lanes, lane_segments)[kind]
+    shutil.copytree(clean, path)
+    # the last lane's row; the other lanes' rows at that step stay whole
+    _check_around(path, clean, lanes - 1, [t_masked], kind in ("terminated", "truncated"))
+
+
+def test_a_masked_final_observation_is_not_inferred_from_a_masked_or_evicted_step(tmp_path):
+    """The inference needs the terminated or truncated step before it: masked too, or in a segment evicted since,
+    it is not known, and the next episode's first stacks are left out."""
+    clean = tmp_path / "clean"
+    t = _ends_store(clean, 3, False)["terminated"]
+    shutil.copytree(clean, tmp_path / "a")
+    _check_around(tmp_path / "a", clean, 2, [t - 1, t], False)  # the terminated step masked too
+    gone = tmp_path / "gone"
+    t = _ends_store(gone, 1, False, capacity=64)["truncated"]  # the first segment, with the truncated step, evicted
+    with mmreplay.open_store(gone) as s:
+        assert s.reader.snapshot.segment_ids[0] == 1 and t == R
+    shutil.copytree(gone, tmp_path / "b")
+    _check_around(tmp_path / "b", gone, 0, [t], False)

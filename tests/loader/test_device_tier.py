@@ -144,3 +144,41 @@ def test_dict_observations_and_extra_fields(tmp_path):
             assert torch.equal(got.reward, want.reward) and torch.equal(got.discount, want.discount)
     assert tier.nbytes == 0  # closed: the mirror is freed
     s.close()
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_masked_final_observation_batches_equal_the_host_path(tmp_path, n_step):
+    """A damaged (masked) final observation after a terminated or truncated step: the host serves the next
+    episode's stacks (``sampling.window_kernels.stack_rows``), and the tier's stack links clamp at the masked
+    row as at any final observation: the same batches, none holding its zeroed frame."""
+    from mmreplay.testing.damage import served_ids
+
+    path = tmp_path / "s"
+    _filled(path, 6, 80).close()
+    s = mmreplay.open_store(path)
+    ids = served_ids(s)
+    obs = s.rows("obs", ids)
+    done = s.rows("terminated", ids) | s.rows("truncated", ids)
+    row = {(int(o[0, 0]), int(o[0, 1])): (int(i), bool(d)) for i, o, d in zip(ids, obs, done)}
+    lane, t = next((ln, t) for (ln, t) in sorted(row) if 10 <= t < 70 and row[ln, t - 1][1]
+                   and not row[ln, t - 2][1] and not row[ln, t][1])  # a final observation after an ordinary step
+    victim, first = row[lane, t][0], row[lane, t + 1][0]
+    R, off, rec = s.segment_records, s.layout.column("obs").offset, s.layout.record_bytes
+    s.close()
+    seg = next(p for p in (path / "segments").glob("*.seg") if int(p.name[:13]) == victim // R)
+    with open(seg, "r+b") as fh:
+        fh.seek(off + victim % R * rec)
+        fh.write(b"\xff" * 4)
+    s = mmreplay.open_store(path)
+    assert s.check_counts()["damaged_rows"] == 1
+    host = mmreplay.UniformSampler(s, frame_stack=4, n_step=n_step, gamma=0.9, seed=3)
+    tier = DeviceTier(mmreplay.UniformSampler(s, frame_stack=4, n_step=n_step, gamma=0.9, seed=3), "cpu")
+    assert first in host.valid_ids()  # the next episode's first stack: clamped at its own first row
+    seen = set()
+    for size in (1, 64, 512, 512):
+        got = tier.sample(size)
+        _same(got, tensor_batch(host.sample(size), "cpu"))
+        assert (got.obs.flatten(2) != 0).any(-1).all() and (got.next_obs.flatten(2) != 0).any(-1).all()
+        seen.update(got.ids.tolist())
+    assert first in seen and victim not in seen
+    s.close()
