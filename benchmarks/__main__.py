@@ -58,6 +58,9 @@ BENCHMARKS: dict[str, Bench] = {
                      ("--steps", "2000", "--games", "Pong")),
     "damage": Bench("the damage suite: random damage to stores, rows lost or masked beyond the damaged ones",
                     "19 min (5,000 cases)", ("--cases", "20")),
+    "crash_states": Bench("every state a crash may leave writer sessions in (each durability, two lanes), recovery "
+                          "and repair crashing too: the invariants checked in each", "~25 min (est.)",
+                          ("--sessions", "lanes", "--recovery-bases", "2")),
     "cluster": Bench("Ray actors: env steps/s stored with 1, 2, 4 actors, and the lag to the learner", "~10 min",
                      ("--quick",)),
     "train_loop": Bench("mmreplay train's loop vs a single-file DQN with a numpy ring (CartPole, CleanRL settings)",

@@ -373,9 +373,9 @@ def _rebuild_header(store: StoreFiles, name: str, seen: dict[str, _Seen]) -> tup
     return best_good, best
 
 
-def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> list[Header]:
+def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> None:
     """Names, headers and files that hold no row (see the module docstring); caller holds
-    ``alloc.lock``. Returns the headers of the segment files kept."""
+    ``alloc.lock``."""
     seen = _survey(store)
     _fix_names(store, seen, report)
     for name, s in list(seen.items()):
@@ -395,23 +395,22 @@ def _triage(store: StoreFiles, state: CatalogState, report: RecoveryReport) -> l
             report.unreadable[name] = _why(exc)  # kept; `verify --repair` quarantines it
     if report.renamed or report.cleaned:
         fsync_dir(store.segments_dir)
-    # (for chain positions: segments that hold rows, or may; a spare made ahead of need says nothing of the one
-    # before it, which may not be full)
-    return [s.header for n, s in seen.items() if s.header is not None and n not in report.cleaned
-            and (s.control is None or s.control.committed or n in state.live)]
 
 
-def _acknowledge_gaps(store: StoreFiles, state: CatalogState, headers: list[Header], report: RecoveryReport) -> None:
+def _acknowledge_gaps(store: StoreFiles, state: CatalogState, missing: bool, report: RecoveryReport) -> None:
     """A missing or cut catalog: chain positions nothing explains are lost rows (``files.chain_gaps``),
-    recorded in the catalog and reported; caller holds ``alloc.lock``."""
+    recorded in the catalog and reported. Run after the dead writers' segments were recovered (their
+    counts are final: a segment that holds no row says nothing of the position before it); caller
+    holds ``alloc.lock``."""
     from .files import chain_gaps
 
-    missing = not store.catalog.path.exists()
-    if not (missing or state.torn_lines) or not headers:
+    seen = _survey(store)
+    headers = [s.header for n, s in seen.items() if s.header is not None and s.error is None
+               and ((s.control is not None and s.control.committed) or n in state.live)]
+    if not headers:
         return
-    if missing:
-        report.catalog = "was missing"
     readable = {segment_name(h.segment_id, h.writer_id) for h in headers}
+    # departed, catalogued, and files present but not counted (unreadable, quarantined, empty) explain a position
     others = [*state.departed, *state.live, *(n for n in os.listdir(store.segments_dir) if n not in readable)]
     for w, ep, ci, rows in chain_gaps(headers, state, others, catalog_missing=missing):
         store.catalog.gap(w, ep, ci)
@@ -421,9 +420,11 @@ def _acknowledge_gaps(store: StoreFiles, state: CatalogState, headers: list[Head
 
 def recover_abandoned(store: StoreFiles) -> RecoveryReport:
     """On open with ``mode='a'``: finish interrupted creations, evictions and renames, fix names and
-    headers (see the module docstring), then recover the segments of every writer no live session
-    holds. Live writers' segments are left alone."""
+    headers (see the module docstring), recover the segments of every writer no live session holds
+    (live writers' segments are left alone), and, where the catalog is missing or cut, name the
+    chain positions it would have explained."""
     report = RecoveryReport()
+    missing = not store.catalog.path.exists()  # (read first: recovery's own lines make the file)
     alloc = store.lock(ALLOC)
     alloc.acquire(exclusive=True, blocking=True)
     try:
@@ -431,7 +432,7 @@ def recover_abandoned(store: StoreFiles) -> RecoveryReport:
         names = os.listdir(store.segments_dir)
         _finish_leftovers(store, state, names, report)
         _finish_renames(store, names, report)
-        _acknowledge_gaps(store, state, _triage(store, state, report), report)
+        _triage(store, state, report)
     finally:
         alloc.release()
     writers = sorted({p[1] for n in os.listdir(store.segments_dir) if (p := parse_segment_name(n))})
@@ -443,6 +444,14 @@ def recover_abandoned(store: StoreFiles) -> RecoveryReport:
             recover_writer(store, wid, report, state.live)
         finally:
             lock.release()
+    if missing or state.torn_lines:
+        if missing and any(parse_segment_name(n) for n in os.listdir(store.segments_dir)):
+            report.catalog = "was missing"
+        alloc.acquire(exclusive=True, blocking=True)
+        try:
+            _acknowledge_gaps(store, state, missing, report)
+        finally:
+            alloc.release()
     return report
 
 
