@@ -35,10 +35,11 @@ evicted, never an open one; every lock name, segment state and writer-id claim l
 
 from ..core.batch import TransitionBatch
 from .exchange import Ingest, SegmentInfo, SegmentRows, SessionIngest, segment_rows
-from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE
+from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE, Header, read_control
 from .format import kernel as storage_kernels
 from .manifest import MANIFEST, default_segment_records, read_manifest, segment_records_for
 from .opening import open_or_create
+from .segment import parse_segment_name
 from .store import ReplayStore, create_store, open_store
 from .snapshot import (PRED_GONE, SEG_BASE, SEG_BUCKET, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST, SEG_ID,
                     SEG_LANES, SEG_NBUCKETS, SEG_PRED, SEG_SHIFT, SEG_SUCC, SEG_USABLE, Snapshot, index_draws)
@@ -55,6 +56,6 @@ __all__ = [
     "MASKED", "PRED_GONE", "SEG_BASE", "SEG_BUCKET", "SEG_COLS", "SEG_COMMITTED", "SEG_CUM_END", "SEG_FIRST",
     "SEG_ID", "SEG_LANES", "SEG_NBUCKETS", "SEG_PRED", "SEG_SHIFT", "SEG_SUCC", "SEG_USABLE", "Snapshot",
     "index_draws", "storage_kernels", "transitions_at",
-    # file layout facts, for tools that inspect or damage segment files (the damage suite)
-    "CONTROL_OFFSET", "CONTROL_SLOT_SIZE", "HEADER_SIZE", "PAGE_SIZE",
+    # file layout facts, for tools that inspect or damage segment files (the damage suite, the crash explorer)
+    "CONTROL_OFFSET", "CONTROL_SLOT_SIZE", "HEADER_SIZE", "PAGE_SIZE", "Header", "parse_segment_name", "read_control",
 ]

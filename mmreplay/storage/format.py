@@ -199,6 +199,10 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class Header:
+    """A segment file's header (page 0), its identity: the store, segment id, writer id, lanes, the
+    writer session's epoch and the segment's place in it (chain index, first row number), the
+    schema hash, sizes and creation time; its crc32c guards it."""
+
     store_uuid: bytes
     segment_id: int
     writer_id: int
@@ -214,6 +218,7 @@ class Header:
     format_version: int = FORMAT_VERSION
 
     def pack(self) -> bytes:
+        """The header's bytes, its crc32c last."""
         body = _HEADER.pack(
             MAGIC, self.format_version, HEADER_SIZE, self.store_uuid, self.segment_id, self.writer_id,
             self.lanes, self.session_epoch, self.chain_index, self.first_seq, self.schema_hash,
@@ -223,6 +228,9 @@ class Header:
 
     @classmethod
     def unpack(cls, buf: bytes, path: object) -> Header:
+        """The header in ``buf`` (a file's first bytes); ``CorruptSegmentError`` (naming ``path``) if it
+        is short, not a segment's, or fails its crc32c; ``FormatVersionError`` for a version this
+        mmreplay cannot read."""
         if len(buf) < HEADER_SIZE:
             raise CorruptSegmentError(f"{path}: header truncated ({len(buf)} of {HEADER_SIZE} bytes)", kind="short")
         body = bytes(buf[: _HEADER.size])

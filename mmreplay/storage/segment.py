@@ -69,6 +69,7 @@ def segment_name(segment_id: int, writer_id: int) -> str:
 
 
 def parse_segment_name(name: str) -> tuple[int, int] | None:
+    """``(segment id, writer id)`` of a segment file's name (``NNNNNNNNNNNNN-wWWW.seg``), else None."""
     m = _NAME.match(name)
     return (int(m.group(1)), int(m.group(2))) if m else None
 

@@ -38,7 +38,9 @@ fill in the one hook that makes the object under test; pytest then runs every in
 
 Modules: ``contract`` (the three contract classes and the view assertions), ``reference`` (the
 episodes and the plain-Python references), ``damage`` (the damage suite: random damage to a store's
-files and what the store must keep; ``benchmarks/damage.py`` runs many cases).
+files and what the store must keep; ``benchmarks/damage.py`` runs many cases), ``crash`` (the
+crash-state explorer: every state a crash may leave a recorded writer session in, and the
+invariants each keeps; ``benchmarks/crash_states.py`` checks them all).
 
 ``reference`` holds the episodes (``make_episodes``: a few lanes of complete episodes whose
 observations name their episode and step; ``write_episodes``) and the references. This room

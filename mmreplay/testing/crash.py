@@ -565,25 +565,11 @@ def _bytes(rec: Recorder, val: tuple[int, tuple[int, ...]]) -> bytes:
     return b"".join(rec.pages[i] for i in pages)[:n]
 
 
-def _events(data: bytes) -> list[dict[str, Any]]:
-    """The catalog's events as its lines hold them (``crc32c json``; a line that does not parse is
-    skipped, its crc is not checked: this is the test's reading, not the store's)."""
-    out = []
-    for line in data.splitlines():
-        try:
-            ev = json.loads(line[9:])
-        except ValueError:
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
-
-
 def _shown_rows(tree: tuple, rec: Recorder, R: int) -> set[int]:
     """Row ids the state's files say exist: a segment file's valid control count, or the count the
     state's catalog records for it."""
-    from ..storage.format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, read_control
-    from ..storage.segment import parse_segment_name
+    from ..storage import CONTROL_OFFSET, CONTROL_SLOT_SIZE, parse_segment_name, read_control
+    from .damage import catalog_events
 
     counts: dict[str, int] = {}
     for name, val in _segment_files(tree).items():
@@ -596,7 +582,7 @@ def _shown_rows(tree: tuple, rec: Recorder, R: int) -> set[int]:
     log = dict(tree).get("CATALOG.log")
     present = set(_segment_files(tree))
     if log is not None:
-        for ev in _events(_bytes(rec, log)):
+        for ev in catalog_events(_bytes(rec, log)):
             if ev.get("e") == "sealed" and ev.get("seg") in present:
                 counts[ev["seg"]] = max(counts.get(ev["seg"], 0), int(ev.get("rows", 0)))
     out: set[int] = set()
@@ -610,10 +596,12 @@ def _shown_rows(tree: tuple, rec: Recorder, R: int) -> set[int]:
 def _evicted_rows(kill9: tuple, rec: Recorder, R: int) -> set[int]:
     """Rows of segments an eviction had decided on by then: named by a departure line of the
     catalog as everything applied has it, or renamed ``.deleted``."""
+    from .damage import catalog_events
+
     names = {n.removesuffix(".deleted") for n in _segment_files(kill9) if n.endswith(".deleted")}
     log = dict(kill9).get("CATALOG.log")
     if log is not None:
-        names.update(str(ev.get("seg")) for ev in _events(_bytes(rec, log)) if ev.get("e") == "evicted")
+        names.update(str(ev.get("seg")) for ev in catalog_events(_bytes(rec, log)) if ev.get("e") == "evicted")
     out: set[int] = set()
     for n in names:
         if n[:13].isdigit():

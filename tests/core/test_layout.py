@@ -391,3 +391,32 @@ def test_one_meaning_per_exported_name():
     clashes = [f"{n}: {', '.join(r for r, _ in found)}" for n, found in seen.items()
                if len({id(o) for _, o in found}) > 1]
     assert clashes == [], "names with two meanings:\n" + "\n".join(clashes)
+
+
+# what changes a store's files, outside mmreplay/core/fs.py (which every such call goes through, so that the
+# crash-state recorder of mmreplay.testing.crash sees them all), and why each exception is not store data
+_PERSISTING_OS = {"pwrite", "write", "fsync", "fdatasync", "rename", "replace", "unlink", "remove", "mkdir", "makedirs",
+                  "truncate", "ftruncate", "posix_fallocate", "link", "symlink"}
+_PERSISTING_PATH = {"unlink", "rename", "replace", "mkdir", "write_bytes", "write_text", "touch", "truncate"}
+_ALLOWED = {
+    ("locks.py", "ftruncate"), ("locks.py", "pwrite"),  # a lock file's owner line: diagnostics, never read back
+    ("store.py", "mkdir"),  # create_store's directories: durable with the manifest's atomic write (fsynced after)
+    ("opening.py", "rmtree"),  # a creation that died before its manifest: nothing of a store in it
+    ("exchange.py", "rmtree"),  # the ingest staging directory: never part of the store
+}
+
+
+def test_every_persisting_call_of_the_storage_room_goes_through_core_fs():
+    found = []
+    for path in sorted((PKG / "storage").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            attr, owner = node.func.attr, node.func.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else ""
+            hit = ((owner_name == "os" and attr in _PERSISTING_OS) or (owner_name == "shutil" and attr in ("rmtree", "move"))
+                   or (owner_name not in ("os", "fs", "shutil") and attr in _PERSISTING_PATH
+                       and not (attr == "replace" and len(node.args) == 2)))  # (str.replace)
+            if hit and (path.name, attr) not in _ALLOWED:
+                found.append(f"{path.name}:{node.lineno} {owner_name or '<expr>'}.{attr}")
+    assert not found, f"persisting calls not routed through mmreplay.core.fs: {found}"
