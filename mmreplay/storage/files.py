@@ -168,7 +168,7 @@ def chain_gaps(headers: list[Header], state: CatalogState, others: list[str], *,
     with an id between theirs (an eviction takes the oldest first, so never such a one); one before
     the first present position is an eviction or a loss, which only a catalog tells apart: reported
     when the catalog is missing (``catalog_missing``; evictions fsync their departures, so a cut
-    catalog keeps them). ``others``: file and catalog names that may explain a position (departed,
+    catalog keeps them), each such name of that writer with a lower id explaining one. ``others``: file and catalog names that may explain a position (departed,
     quarantined). Positions a repair acknowledged (``catalog.gap``) are left out. Segment ids have
     gaps by design (one store-wide counter); chain indices do not."""
     gone: dict[int, list[int]] = {}
@@ -187,8 +187,9 @@ def chain_gaps(headers: list[Header], state: CatalogState, others: list[str], *,
         for lo, hi in zip(present, present[1:]):
             if hi - lo > 1 and not any(have[lo] < i < have[hi] for i in gone.get(wid, ())):
                 out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(lo + 1, hi)]
-        if catalog_missing:
-            out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(present[0])]
+        if catalog_missing:  # each file of that writer gone, quarantined or unreadable before the first explains one
+            explained = sum(1 for i in gone.get(wid, ()) if i < have[present[0]])
+            out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(max(0, present[0] - explained))]
     return [g for g in out if g[:3] not in state.gaps]
 
 
