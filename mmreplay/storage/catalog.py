@@ -7,6 +7,8 @@ crc32c::
     5e6f7a8b {"e":"evicted","seg":"0000000000003-w001.seg","why":"capacity"}   # or "disk"
     9c0d1e2f {"e":"quarantined","seg":"..."}
     3a4b5c6d {"bad":[[12,16]],"e":"checked","id":[...],"seg":"..."}        # or "masked" (repair)
+    7e8f9a0b {"bad":[],"e":"checked","id":[...],"seg":"...","torn":[[40,41]]}  # recovery's torn rows
+    1b2c3d4e {"e":"gap","ep":123,"seg":"","w":0,"ci":2}      # a chain position acknowledged lost
 
 (the crc32c of the JSON bytes, in hex, then the JSON: a line is checked without re-encoding it).
 
@@ -14,7 +16,10 @@ Checks (``checks.py``): a writer's ``sealed`` line carries the file's identity (
 size, mtime and ctime in ns) as it was when sealed: the writer checksummed every row it wrote, so
 the segment counts as checked while its file keeps that identity. ``checked`` records a check's
 damaged rows (``bad``: ``[start, stop)`` slot ranges) for that identity; ``masked`` is the same
-written by ``verify --repair``: the damage is acknowledged, and the rows stay excluded.
+written by ``verify --repair``: the damage is acknowledged, and the rows stay excluded. ``torn``:
+rows recovery found torn by a power loss (lost, reported then; excluded like damaged rows, never a
+problem for ``verify``). ``gap``: a writer session's chain position that no file holds, found while
+the catalog was missing or cut, acknowledged as lost (``files.chain_gaps``).
 
 A segment the catalog lists as sealed and not gone, whose file is missing, is **lost** (not
 evicted): ``verify`` reports it, ``info`` and ``open_store`` warn. Invariants:

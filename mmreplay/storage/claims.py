@@ -40,13 +40,25 @@ def claim_writer_id(store: StoreFiles, writer_id: int | None = None, role: str =
     ids = range(MAX_WRITERS) if writer_id is None else (int(writer_id),)
     for wid in ids:
         lock = store.lock(writer_lock_name(wid))
-        if lock.acquire(exclusive=True):
+        # (an explicit id is tried 3 times 1 ms apart: a reader's probe of a dead writer's lock, ``locks.held_elsewhere``,
+        # holds it shared for microseconds; a live session holds it for good)
+        if lock.acquire(exclusive=True) or (writer_id is not None and _retry(lock)):
             tail = f" {role}" if role else ""
             lock.write_owner(f"pid={os.getpid()} host={socket.gethostname()} start_ns={now_ns()}{tail}\n")
             return wid, lock
     if writer_id is not None:
         raise WriterBusyError(f"writer id {writer_id} of {store.path} is held by a live writer session")
     raise WriterBusyError(f"all {MAX_WRITERS} writer ids of {store.path} are busy")
+
+
+def _retry(lock: FileLock, tries: int = 3, pause_s: float = 0.001) -> bool:
+    import time
+
+    for _ in range(tries):
+        time.sleep(pause_s)
+        if lock.acquire(exclusive=True):
+            return True
+    return False
 
 
 @contextmanager
