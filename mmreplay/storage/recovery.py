@@ -240,11 +240,14 @@ class _Seen:
     error: CorruptSegmentError | None = None
 
 
-def _survey(store: StoreFiles) -> dict[str, _Seen]:
-    """Every segment-named file: its header and control page, or why they cannot be read."""
+def _survey(store: StoreFiles, writer_id: int | None = None) -> dict[str, _Seen]:
+    """Every segment-named file (of ``writer_id``, by its name, if given): its header and control
+    page, or why they cannot be read."""
     out = {}
     for name in sorted(os.listdir(store.segments_dir)):
-        if parse_segment_name(name) is None or not os.path.isfile(store.segments_dir / name):
+        parsed = parse_segment_name(name)
+        if parsed is None or (writer_id is not None and parsed[1] != writer_id) \
+                or not os.path.isfile(store.segments_dir / name):
             continue  # (a directory under a segment's name is left alone; verify names it)
         try:
             fd = os.open(store.segments_dir / name, os.O_RDONLY | os.O_CLOEXEC)
@@ -465,22 +468,13 @@ def recover_writer(store: StoreFiles, writer_id: int, report: RecoveryReport | N
     if catalogued is None:
         catalogued = store.catalog.read().live
     sessions: dict[int, list[tuple[int, str, Header, Control | None]]] = {}
-    for name in os.listdir(store.segments_dir):
-        parsed = parse_segment_name(name)
-        if parsed is None or parsed[1] != writer_id or not os.path.isfile(store.segments_dir / name):
+    for name, seen in _survey(store, writer_id).items():
+        if seen.error is not None:
+            report.unreadable[name] = _why(seen.error)  # verify --repair quarantines it
             continue
-        try:
-            fd = os.open(store.segments_dir / name, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            header, control = read_segment_meta(fd, name, store.layout, store.store_uuid, store.schema.hash)
-        except CorruptSegmentError as exc:
-            report.unreadable[name] = _why(exc)  # verify --repair quarantines it
-            continue
-        finally:
-            os.close(fd)
-        sessions.setdefault(header.session_epoch, []).append((header.chain_index, name, header, control))
+        h = seen.header
+        assert h is not None
+        sessions.setdefault(h.session_epoch, []).append((h.chain_index, name, h, seen.control))
     for chain in sessions.values():
         chain.sort(key=lambda x: x[0])
         rows = [_held(store, name, h, c, catalogued) for _, name, h, c in chain]

@@ -475,7 +475,7 @@ class Checker:
         command in process and returns ``(exit code, output, exception)`` (the tests pass click's
         runner; this room does not import the CLI)."""
         from ..storage import open_store
-        from .damage import check_views, served_ids
+        from .damage import check_views, repair_twice, served_ids
 
         session = self.rec.recorder
         rec = state.recorder or session
@@ -495,12 +495,7 @@ class Checker:
                 check_views(store, self.oracle, seed, f"{what} [read-only]")
             with open_store(work, mode="a") as store:
                 check_views(store, self.oracle, seed, f"{what} [writable]")
-                rep1 = store.repair()
-                rep2 = store.repair()
-                assert rep2.actions == [] and rep2.problems == [] and rep2.rows_cost == 0, \
-                    f"{what}: a second repair did {rep2.actions} {rep2.problems}"
-                assert rep1.problems == [], f"{what}: problems left after a repair: {rep1.problems}"
-                assert store.verify() == [], f"{what}: verify after repair: {store.verify()}"
+                rep1 = repair_twice(store, what)
                 check_views(store, self.oracle, seed, f"{what} [repaired]")
                 served = set(served_ids(store).tolist())
                 missing = durable - served

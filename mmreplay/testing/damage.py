@@ -38,6 +38,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -467,12 +468,7 @@ def run_case(base: Base, oracle: Oracle, work: Path, seed: int, *, export: bool 
         reported = 0
         with open_store(work, mode="a") as store:  # recovery
             check_views(store, oracle, seed, f"{what} [writable]")
-            rep1 = store.repair()
-            rep2 = store.repair()
-            assert rep2.actions == [] and rep2.problems == [] and rep2.rows_cost == 0, \
-                f"{what}: a second repair did {rep2.actions} {rep2.problems}"
-            assert rep1.problems == [], f"{what}: problems left after a repair: {rep1.problems}"
-            assert store.verify() == [], f"{what}: verify after repair"
+            rep1 = repair_twice(store, what)
             # (torn rows left in place are both lost and masked: counted once)
             reported = store.check_counts()["damaged_rows"] + rep1.rows_quarantined + rep1.rows_lost - rep1.rows_torn
             check_views(store, oracle, seed, f"{what} [repaired]")
@@ -513,6 +509,18 @@ def run_case(base: Base, oracle: Oracle, work: Path, seed: int, *, export: bool 
     finally:
         logging.disable(logging.NOTSET)
     return out
+
+
+def repair_twice(store: ReplayStore, what: str) -> Any:
+    """``store.repair()`` twice: the first leaves no problem (``verify`` is clean after it), the
+    second finds nothing to do. Returns the first's report."""
+    rep1 = store.repair()
+    rep2 = store.repair()
+    assert rep2.actions == [] and rep2.problems == [] and rep2.rows_cost == 0, \
+        f"{what}: a second repair did {rep2.actions} {rep2.problems}"
+    assert rep1.problems == [], f"{what}: problems left after a repair: {rep1.problems}"
+    assert store.verify() == [], f"{what}: verify after repair: {store.verify()}"
+    return rep1
 
 
 def _append(store: ReplayStore) -> None:
