@@ -22,8 +22,8 @@ Invariants kept here:
   and the file is mapped back the same way (``unpin``), so a thread reading the window sees
   identical bytes throughout (sealed segments never change). Copies survive ``refresh()`` and
   region growth, go when their segment is evicted, and are never touched by ``unmap_pages()``;
-* a sealed segment first seen sealed is served only once checked (``checks.py``): it is left out
-  of the snapshot until then. A segment with damaged rows is mapped copy-on-write and patched
+* a sealed segment first seen sealed, and an open one whose writer is dead when first seen, is
+  served only once checked (``checks.py``): it is left out of the snapshot until then. A segment with damaged rows is mapped copy-on-write and patched
   (``checks.damage_patch``) in this process's view, file or RAM copy alike, so every gather
   leaves the damaged rows out with no per-row test on the sampling path.
 

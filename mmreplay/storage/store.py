@@ -143,7 +143,8 @@ def open_store(
     store; ``info()["unreadable_segments"]`` lists it and ``verify --repair`` quarantines it), or
     raises ``CorruptSegmentError`` (``"raise"``).
 
-    Sealed segments are always checked once before their rows are served (``mmreplay.storage.checks``;
+    Sealed segments, and open segments whose writer is dead (no process holds its lock: killed, or
+    gone with a power loss), are always checked once before their rows are served (``mmreplay.storage.checks``;
     ``check_at_open``: start those checks at open, the default for ``"r"``, or at the first
     ``refresh()``, the default for ``"a"``). ``verify`` is about rows of segments being written:
     ``"off"`` (default) serves them as their writer published them; ``"strict"`` checks each one's
