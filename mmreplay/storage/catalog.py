@@ -74,6 +74,11 @@ class CatalogState:
     removed: dict[str, str] = field(default_factory=dict)
     """Segments removed (not evicted): name -> why (``recovery``: it held no row; ``lost``: a repair
     acknowledged its file gone)."""
+    evicted_by_writer: dict[int, int] = field(default_factory=dict)
+    """Evictions by writer id whose lines name them."""
+    folded_by_writer: dict[int, int] = field(default_factory=dict)
+    """Evictions a compaction folded into a count, by writer id (their names are gone: they explain
+    that many chain positions of the writer's sessions, ``files.chain_gaps``)."""
     gaps: set[tuple[int, int, int]] = field(default_factory=set)
     """Chain positions ``(writer id, session epoch, chain index)`` a repair acknowledged as lost
     (a segment gone while the catalog that would name it was missing or cut)."""
@@ -142,6 +147,8 @@ def _well_formed(event: dict[str, object]) -> bool:
         return False
     if kind == "gap" and not all(_is_count(event.get(k)) for k in ("w", "ep", "ci")):
         return False
+    if kind == "writer_evictions" and not (_is_count(event.get("w")) and _is_count(event.get("n"))):
+        return False
     return all(_ranges(event.get(k, [])) for k in ("bad", "torn"))
 
 
@@ -200,6 +207,9 @@ class Catalog:
             elif kind == "evictions":  # a compaction's count of the evictions it folded
                 why = str(event.get("why", "capacity"))
                 state.evicted[why] = state.evicted.get(why, 0) + int(event.get("n", 0))  # type: ignore[call-overload]
+            elif kind == "writer_evictions":  # the same, by writer
+                w = int(event.get("w", 0))  # type: ignore[call-overload]
+                state.folded_by_writer[w] = state.folded_by_writer.get(w, 0) + int(event.get("n", 0))  # type: ignore[call-overload]
             elif kind == "gap":
                 state.gaps.add((int(event["w"]), int(event["ep"]), int(event["ci"])))  # type: ignore[call-overload]
             elif kind in DEPARTURES:
@@ -208,6 +218,9 @@ class Catalog:
                 if kind == "evicted":
                     why = str(event.get("why", "capacity"))
                     state.evicted[why] = state.evicted.get(why, 0) + 1
+                    if seg[13:15] == "-w" and seg[15:18].isdigit():
+                        w = int(seg[15:18])
+                        state.evicted_by_writer[w] = state.evicted_by_writer.get(w, 0) + 1
                 elif kind == "quarantined":
                     state.quarantined.append(seg)
                 else:
@@ -340,6 +353,9 @@ class Catalog:
 
         state = self.read()
         events: list[dict[str, object]] = [{"e": "evictions", "why": why, "n": n} for why, n in sorted(state.evicted.items())]
+        by_writer = {w: state.evicted_by_writer.get(w, 0) + state.folded_by_writer.get(w, 0)
+                     for w in {*state.evicted_by_writer, *state.folded_by_writer}}
+        events += [{"e": "writer_evictions", "seg": "", "w": w, "n": n} for w, n in sorted(by_writer.items())]
         events += [{"e": "quarantined", "seg": n} for n in state.quarantined]
         events += [{"e": "removed", "seg": n, **({"why": w} if w else {})} for n, w in sorted(state.removed.items())]
         events += [{"e": "sealed", "seg": n, "rows": r} for n, r in sorted(state.live.items())]

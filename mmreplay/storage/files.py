@@ -158,7 +158,7 @@ class StoreFiles:
 
 
 def chain_gaps(headers: list[Header], state: CatalogState, others: list[str], *,
-               catalog_missing: bool) -> list[tuple[int, int, int, int]]:
+               catalog_incomplete: bool) -> list[tuple[int, int, int, int]]:
     """Chain positions of writer sessions that no segment file holds and nothing explains:
     ``(writer id, session epoch, chain index, rows)``; for a store whose catalog is missing or cut
     (an intact catalog names every sealed segment, and its departures). A session writes its
@@ -166,9 +166,11 @@ def chain_gaps(headers: list[Header], state: CatalogState, others: list[str], *,
     position below the highest one present held ``usable_records`` rows. One between two present
     positions is explained by a departure line or a quarantined (``.corrupt``) file of that writer
     with an id between theirs (an eviction takes the oldest first, so never such a one); one before
-    the first present position is an eviction or a loss, which only a catalog tells apart: reported
-    when the catalog is missing (``catalog_missing``; evictions fsync their departures, so a cut
-    catalog keeps them), each such name of that writer with a lower id explaining one. ``others``: file and catalog names that may explain a position (departed,
+    the first present position is an eviction or a loss, which only a catalog tells apart: each
+    departed, quarantined or unreadable name of that writer with a lower id explains one, as does
+    each eviction of the writer a compaction folded into a count (``folded_by_writer``); what is
+    left is reported (the caller asks only when the catalog is missing or cut:
+    ``catalog_incomplete``). ``others``: file and catalog names that may explain a position (departed,
     quarantined). Positions a repair acknowledged (``catalog.gap``) are left out. Segment ids have
     gaps by design (one store-wide counter); chain indices do not."""
     gone: dict[int, list[int]] = {}
@@ -187,8 +189,8 @@ def chain_gaps(headers: list[Header], state: CatalogState, others: list[str], *,
         for lo, hi in zip(present, present[1:]):
             if hi - lo > 1 and not any(have[lo] < i < have[hi] for i in gone.get(wid, ())):
                 out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(lo + 1, hi)]
-        if catalog_missing:  # each file of that writer gone, quarantined or unreadable before the first explains one
-            explained = sum(1 for i in gone.get(wid, ()) if i < have[present[0]])
+        if catalog_incomplete:  # each file of that writer gone, quarantined or unreadable before the first explains one
+            explained = sum(1 for i in gone.get(wid, ()) if i < have[present[0]]) + state.folded_by_writer.get(wid, 0)
             out += [(wid, epoch, ci, usable[(wid, epoch)]) for ci in range(max(0, present[0] - explained))]
     return [g for g in out if g[:3] not in state.gaps]
 

@@ -415,7 +415,7 @@ def _acknowledge_gaps(store: StoreFiles, state: CatalogState, missing: bool, rep
     readable = {segment_name(h.segment_id, h.writer_id) for h in headers}
     # departed, catalogued, and files present but not counted (unreadable, quarantined, empty) explain a position
     others = [*state.departed, *state.live, *(n for n in os.listdir(store.segments_dir) if n not in readable)]
-    for w, ep, ci, rows in chain_gaps(headers, state, others, catalog_missing=missing):
+    for w, ep, ci, rows in chain_gaps(headers, state, others, catalog_incomplete=missing or bool(state.torn_lines)):
         store.catalog.gap(w, ep, ci)
         state.gaps.add((w, ep, ci))
         report.gaps[(w, ep, ci)] = rows

@@ -175,7 +175,7 @@ def _catalog_problems(store: StoreFiles, state: CatalogState | None, headers: li
         st = state if state is not None else CatalogState()
         readable = {segment_name(h.segment_id, h.writer_id) for h in headers}
         others = [*st.departed, *st.live, *(n for n in names if n not in readable)]  # departed, unreadable, quarantined
-        for w, ep, ci, rows in chain_gaps(headers, st, others, catalog_missing=missing):
+        for w, ep, ci, rows in chain_gaps(headers, st, others, catalog_incomplete=missing or bool(st.torn_lines)):
             out.append(Problem(CATALOG, None, f"possibly lost: writer {w}'s session {ep:016x} has no segment at "
                                               f"chain position {ci} ({rows:,} rows; nothing records it evicted)",
                                fix="gap"))

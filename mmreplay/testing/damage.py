@@ -372,17 +372,24 @@ def check_views(store: ReplayStore, oracle: Oracle, seed: int, what: str) -> Non
 
 
 # -- a case ------------------------------------------------------------------------------------
-def catalog_events(data: bytes) -> list[dict]:
-    """A catalog's events as its lines hold them (``crc32c json``; a line that does not parse is
-    skipped, its crc is not checked: the test's reading of the file, not the store's)."""
+def catalog_events(data: bytes, bad: list[bytes] | None = None) -> list[dict]:
+    """A catalog's events as its lines hold them (``crc32c json``: a line whose crc32c fails or that
+    does not parse is skipped, and appended to ``bad`` when given): the test's own reading."""
+    from crc32c import crc32c
+
     out = []
     for line in data.splitlines():
-        try:
-            ev = json.loads(line[9:])
-        except ValueError:
+        if not line.strip():
             continue
+        try:
+            ok = len(line) > 9 and int(line[:8], 16) == crc32c(line[9:])
+            ev = json.loads(line[9:]) if ok else None
+        except ValueError:
+            ev = None
         if isinstance(ev, dict):
             out.append(ev)
+        elif bad is not None:
+            bad.append(line)
     return out
 
 
@@ -404,10 +411,11 @@ def _untraceable(base: Path, work: Path, whole: set[str], seg_rows: dict[str, in
                if (h := header(q) or (header(base / "segments" / q.name) if rebuilt and (base / "segments" / q.name)
                                       .exists() else None)) is not None and seg_rows.get(q.name, 1)]
     log = work / "CATALOG.log"
-    events = catalog_events(log.read_bytes()) if log.exists() else []
+    torn: list[bytes] = []
+    events = catalog_events(log.read_bytes(), torn) if log.exists() else []
     departed = {e.get("seg") for e in events if e.get("e") in ("evicted", "quarantined", "removed")}
     live = {e.get("seg") for e in events if e.get("e") == "sealed"} - departed
-    missing_log = not (work / "CATALOG.log").exists()
+    missing_log = not log.exists() or bool(torn)  # (a catalog missing or cut: chain positions are checked)
     out = set()
     for name in whole:
         h = header(base / "segments" / name)
