@@ -31,8 +31,9 @@ session wrote, never evicted), a writable open (recovery), ``verify``, ``verify 
 ``info --json`` (click's runner). Invariants: every command exits cleanly; no value is served that
 the session did not write for that id; every row promised durable (and not evicted) is served
 after recovery, and in the ``kill-9`` state every row published; every row the state's files show
-(a control page's or the catalog's count) that is not served is reported (masked, quarantined or
-lost, by count); a second repair does nothing and ``verify`` is clean after the first.
+(a control page's or the catalog's count, a stamp holding its own row number) that is not served is
+reported (masked, quarantined or lost, by count; or recorded gone in the state's catalog by a run
+the crash interrupted); a second repair does nothing and ``verify`` is clean after the first.
 
 ``tests/fault/test_crash_states_*.py`` check a seeded sample of states of a few recorded sessions;
 ``python benchmarks/crash_states.py`` checks all of them and prints the figures.
@@ -459,6 +460,7 @@ class Checker:
 
         self.rec = recording
         self.oracle = Oracle(Base(recording.reference, 1, 0))
+        self.stamps_offset = self.oracle.store.layout.stamps_offset
 
     def close(self) -> None:
         self.oracle.close()
@@ -489,7 +491,7 @@ class Checker:
         evicted = _evicted_rows(dict(session.states(base_op))["kill-9"], session, self.rec.segment_records)
         durable = set(snap.expect.durable) - evicted
         out = StateResult(state.label, state.op, durable=len(durable))
-        shown = _shown_rows(state.tree, rec, self.rec.segment_records) & set(self.rec.steps)
+        shown = _shown_rows(state.tree, rec, self.rec.segment_records, self.stamps_offset) & set(self.rec.steps)
         logging.disable(logging.WARNING)  # the store's warnings about what the crash left: expected
         try:
             with open_store(work, mode="r") as store:
@@ -563,13 +565,16 @@ def _bytes(rec: Recorder, val: tuple[int, tuple[int, ...]]) -> bytes:
     return b"".join(rec.pages[i] for i in pages)[:n]
 
 
-def _shown_rows(tree: tuple, rec: Recorder, R: int) -> set[int]:
-    """Row ids the state's files say exist: a segment file's valid control count, or the count the
-    state's catalog records for it."""
-    from ..storage import CONTROL_OFFSET, CONTROL_SLOT_SIZE, parse_segment_name, read_control
+def _shown_rows(tree: tuple, rec: Recorder, R: int, stamps_offset: int) -> set[int]:
+    """Row ids the state's files say exist: a segment file's valid control count, the count the
+    state's catalog records for it, and every row whose stamp holds its own row number (the file's
+    header read, its stamp column at ``stamps_offset``)."""
+    from ..storage import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, Header, parse_segment_name, read_control
+
     from .damage import catalog_events
 
     counts: dict[str, int] = {}
+    out: set[int] = set()
     for name, val in _segment_files(tree).items():
         data = _bytes(rec, val)
         page = data[CONTROL_OFFSET : CONTROL_OFFSET + 2 * CONTROL_SLOT_SIZE]
@@ -577,13 +582,20 @@ def _shown_rows(tree: tuple, rec: Recorder, R: int) -> set[int]:
             c, _ = read_control(page)
             if c is not None:
                 counts[name] = c.committed
+        try:
+            h = Header.unpack(data[:HEADER_SIZE], name)
+        except Exception:  # noqa: BLE001 - no header: no row number to match
+            continue
+        seq = np.frombuffer(data[stamps_offset : stamps_offset + 16 * R].ljust(16 * R, b"\0"), "<u8")[::2]
+        want = (np.arange(h.first_seq + 1, h.first_seq + R + 1, dtype=np.uint64) & np.uint64(0xFFFFFFFF))
+        hit = np.flatnonzero((seq & np.uint64(0xFFFFFFFF)) == want)
+        out.update((h.segment_id * R + hit).tolist())
     log = dict(tree).get("CATALOG.log")
     present = set(_segment_files(tree))
     if log is not None:
         for ev in catalog_events(_bytes(rec, log)):
             if ev.get("e") == "sealed" and ev.get("seg") in present:
                 counts[ev["seg"]] = max(counts.get(ev["seg"], 0), int(ev.get("rows", 0)))
-    out: set[int] = set()
     for name, n in counts.items():
         parsed = parse_segment_name(name)
         if parsed is not None:
