@@ -57,7 +57,7 @@ BENCHMARKS: dict[str, Bench] = {
     "archive": Bench("zarr archive size against the rows for ALE frames (Breakout, Pong, SpaceInvaders)", "~5 min",
                      ("--steps", "2000", "--games", "Pong")),
     "damage": Bench("the damage suite: random damage to stores, rows lost or masked beyond the damaged ones",
-                    "19 min (5,000 cases)", ("--cases", "20")),
+                    "6 min (5,000 cases)", ("--cases", "20")),
     "crash_states": Bench("every state a crash may leave writer sessions in (each durability, two lanes), recovery "
                           "and repair crashing too: the invariants checked in each", "~25 min (est.)",
                           ("--sessions", "lanes", "--recovery-bases", "2")),

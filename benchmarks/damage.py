@@ -1,8 +1,10 @@
 """The damage suite at scale: what random damage costs a store (``mmreplay.testing.damage``).
 
-Each case copies a small closed store (1 or 3 lanes, 7 segments), damages 1-3 regions of 1-3
-segments or of the store's own files (headers, control slots, any byte of a row's record or
-stamp, whole pages, truncation, CATALOG.log, counters.bin, STORE.json), then reads it with every
+Each case copies a small store (1 or 3 lanes, 3-8 segments; closed, or as a killed writer leaves it
+with its last segment open), damages 1-3 regions of 1-3 segments or of the store's own files
+(headers, control slots, any byte of a row's record or stamp, whole pages anywhere, truncation
+anywhere or mid-row, a missing file, two files swapped, a segment of another store copied in,
+CATALOG.log damaged, missing or cut, counters.bin, STORE.json), then reads it with every
 sampler and view, recovers, verifies and repairs it twice, and in one case of five exports and
 imports it. Every invariant is checked row id by row id against the undamaged store; a case that
 breaks one stops the run with its seed and damage. The test suite runs 300 cases; this runs more:
