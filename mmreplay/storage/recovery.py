@@ -56,8 +56,8 @@ from .format import CONTROL_OFFSET, PAGE_SIZE, SEQ_MASK, STATE_SEALED, Control, 
 from ..core.errors import CorruptSegmentError
 from ..core import fs
 from ..core.fs import fsync_dir
-from .segment import (Segment, never_held_rows, parse_segment_name, read_segment_meta, segment_name, shows_rows,
-                      stamp_column)
+from .segment import (Segment, never_held_rows, parse_segment_name, read_segment_meta, segment_name, segment_state,
+                      shows_rows, stamp_column)
 from .checks import identity, to_ranges
 from .locks import ALLOC, writer_lock_name
 
@@ -448,8 +448,9 @@ def recover_abandoned(store: StoreFiles) -> RecoveryReport:
         finally:
             lock.release()
     if missing or state.torn_lines:
-        if missing and any(parse_segment_name(n) for n in os.listdir(store.segments_dir)):
-            report.catalog = "was missing"
+        if missing and any(parse_segment_name(n) and segment_state(store.segments_dir / n)[0] == STATE_SEALED
+                           for n in os.listdir(store.segments_dir)):
+            report.catalog = "was missing"  # (before any segment is sealed, a store has none: nothing odd)
         alloc.acquire(exclusive=True, blocking=True)
         try:
             _acknowledge_gaps(store, state, missing, report)

@@ -256,3 +256,18 @@ def test_a_row_changed_while_its_segment_is_open_is_found_at_seal(tmp_path, capl
     assert 11 not in vals and len(vals) == R + 4 and all(vals[i] == i for i in vals)
     with mmreplay.open_store(path) as r:
         assert [(p.file, p.rows) for p in r.verify()] == [(_segs(path)[0].name, ((11, 12),))]
+
+
+def test_a_writable_open_beside_a_live_writer_finds_nothing_odd(tmp_path, caplog):
+    """Before its first segment is sealed a store has no catalog: a second writable open (another
+    collect worker) must not call that missing, nor touch the live writer's segments."""
+    s = mmreplay.create_store(tmp_path / "s", SCHEMA, capacity=100_000, segment_records=R)
+    w = s.writer(lanes=1)
+    w.add(**{k: v[0] for k, v in _rows(np.array([0])).items()})
+    w.publish()
+    with mmreplay.open_store(tmp_path / "s", mode="a") as other:
+        assert not other.recovery_report and other.recovery_report.lines() == []
+    assert "recovery" not in caplog.text
+    w.close()
+    s.close()
+    assert _values(tmp_path / "s") == {0: 0.0}
