@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from pathlib import Path
 from collections.abc import Iterator
 
 import click
@@ -142,6 +143,9 @@ def _one_line(text: str) -> str:
 def verify(path: str, fast: bool, repair: bool) -> None:
     """Check headers, control slots, stamps and checksums of every segment; exit 1 if anything is wrong.
 
+    PATH may also be an archive (a zarr group `mmreplay export` wrote, a path or URL): every chunk
+    of every segment is checked against its crc32c and the chunk manifest (a missing chunk too).
+
     Damaged rows are masked (present in the file, never served); lost rows are held by no file
     any more. Notes cost nothing (e.g. an eviction a killed writer left for the next writable
     open to finish) and do not fail the check.
@@ -151,7 +155,11 @@ def verify(path: str, fast: bool, repair: bool) -> None:
       mmreplay verify /data/cartpole
       mmreplay verify /data/cartpole --fast
       mmreplay verify /data/cartpole --repair
+      mmreplay verify /data/cartpole.zarr          # an archive
     """
+    if "://" in path or ((Path(path) / "zarr.json").exists() and not (Path(path) / "STORE.json").exists()):
+        _verify_archive(path, repair)
+        return
     mode = "a" if repair else "r"
     notes: list = []
     lost = 0
@@ -180,6 +188,21 @@ def verify(path: str, fast: bool, repair: bool) -> None:
     click.echo(f"ok: {path}" + (f" ({masked:,} damaged row(s) masked by a repair: left out of every batch)"
                                  if masked else "")
                + (" (fast: stamp columns checked against their seals; payloads not read)" if fast else ""))
+
+
+def _verify_archive(url: str, repair: bool) -> None:
+    """``mmreplay verify`` of an archive: every chunk against its codec's crc32c and the chunk manifest."""
+    if repair:
+        raise click.UsageError("--repair applies to a store; an archive is repaired by exporting the store again "
+                               "(or importing what verifies: `mmreplay import URL --store PATH`)")
+    rep = mmreplay.verify_archive(url)
+    for n in rep.notes:
+        click.echo(f"note: {n}")
+    for p in rep.problems:
+        click.echo(f"problem: {p}")
+    if rep.problems:
+        raise SystemExit(1)
+    click.echo(f"ok: {url} ({rep.segments:,} segment(s), {rep.rows:,} rows: every chunk as the export wrote it)")
 
 
 from .archive import export_cmd, import_cmd  # noqa: E402

@@ -80,6 +80,7 @@ __all__ = [
 
 # Archive and interop functions load on first use (they import zarr / minari lazily as well).
 _LAZY = {"export_archive": "archive", "import_archive": "archive", "open_archive": "archive",
+         "verify_archive": "archive",
          "export_minari": "interop.minari", "import_minari": "interop.minari", "import_dopamine": "interop.dopamine",
          "field_stats": "archive.stats", "FieldStats": "archive.stats",
          "ray_collect": "cluster", "RayActorPool": "cluster", "ingest_archives": "cluster"}

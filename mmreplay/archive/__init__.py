@@ -10,7 +10,8 @@ chunk checksummed; ingestion never duplicates a row, even when killed midway.
 """
 
 from ..core.errors import ArchiveError, CorruptArchiveError
-from .zarr_io import ArchiveReport, ImportReport, export_archive, import_archive, open_archive
+from .zarr_io import (ArchiveCheck, ArchiveReport, ImportReport, export_archive, import_archive, open_archive,
+                      verify_archive)
 
-__all__ = ["ArchiveError", "ArchiveReport", "CorruptArchiveError", "ImportReport", "export_archive",
-           "import_archive", "open_archive"]
+__all__ = ["ArchiveCheck", "ArchiveError", "ArchiveReport", "CorruptArchiveError", "ImportReport", "export_archive",
+           "import_archive", "open_archive", "verify_archive"]

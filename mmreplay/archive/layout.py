@@ -44,7 +44,7 @@ _MEANING = {
 DESCRIPTION = """\
 mmreplay archive (zarr v3). One row per environment step of one lane (one env of a vector env).
 Arrays: fields/<name> (one per field, see the 'fields' attribute), is_last, is_first, episode,
-masked, segment_table. Only the first committed.segments rows of segment_table and the first
+masked, segment_table, chunk_crc32c. Only the first committed.segments rows of segment_table and the first
 committed.segments * segment_records rows of the other arrays are valid; rows with episode == -1
 are padding. A masked row failed its checksums in the store: its fields are zeros, never data;
 leave out every episode that holds one (its is_last flag was worked out from the row before it). Episode e is the rows with episode == e, in time order as stored; it holds T+1
@@ -56,7 +56,11 @@ step (row T-1) is neither terminated nor truncated was cut without a mark (a wri
 mid-episode): treat it as truncated. mmreplay collect and train mark the step where a run
 ends an episode as truncated themselves. The 'episodes' attribute counts the episodes by how they
 ended (terminated, truncated by the env, cut by the end of a run, incomplete: its writer stopped
-mid-episode), as 'mmreplay info' counted them in the store; 'episode_ends' per segment id."""
+mid-episode), as 'mmreplay info' counted them in the store; 'episode_ends' per segment id.
+chunk_crc32c row i holds, per array named in its 'columns' attribute, the crc32c of the bytes of
+segment i's chunk as written (C order, decoded), and of its segment_table row (int64 bytes); a
+chunk an object store lost reads as the fill value and does not match: its segment's rows are not
+data (-1: not recorded, for segments before the attribute 'first')."""
 
 
 # -- opening -----------------------------------------------------------------------------------
@@ -154,6 +158,7 @@ def create_layout(g: Any, store: ReplayStore, clevel: int) -> None:
                    attributes={"columns": list(TABLE_COLUMNS),
                                "description": "one row per archived segment; archive rows [i*R, i*R+committed) are "
                                               "segment i's slots, R = segment_records; state 2 = sealed, 1 = open"})
+    add_chunk_manifest(g, store.schema, 0, clevel)
     provenance = store.provenance() if hasattr(store, "provenance") else []
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "archive_uuid": uuid.uuid4().hex,
@@ -190,6 +195,146 @@ def read_masked(g: Any, sel: slice) -> np.ndarray:
     return np.asarray(read_rows(g, "episode", sel), np.int64) == -1
 
 
+# -- the chunk manifest: what each segment wrote ---------------------------------------------------
+CHUNKS = "chunk_crc32c"
+"""The chunk manifest: one row per archived segment (ordinal), one column per row-chunked array
+plus one for the segment's table row, each the crc32c of that chunk's decoded bytes (its table
+row's int64 bytes) as the export wrote it; -1: not recorded."""
+_ROW_ARRAYS = ("is_last", "is_first", "episode", "masked")
+_log_legacy: set[str] = set()
+
+
+def chunk_columns(schema: Schema) -> list[str]:
+    """The manifest's columns: every field's array, ``is_last``, ``is_first``, ``episode``,
+    ``masked``, and ``segment_table`` (the segment's table row)."""
+    return [*(f"fields/{n}" for n in schema.names), *_ROW_ARRAYS, "segment_table"]
+
+
+def chunk_crc(a: Any) -> int:
+    """crc32c of an array's bytes (C order), as decoded from a chunk."""
+    from crc32c import crc32c
+
+    return int(crc32c(memoryview(np.ascontiguousarray(a)).cast("B")))
+
+
+def add_chunk_manifest(g: Any, schema: Schema, first: int, clevel: int) -> None:
+    """Give the archive a chunk manifest recording segments from ordinal ``first`` on (an archive
+    written before the manifest records only what is exported into it from now)."""
+    cols = chunk_columns(schema)
+    dt = np.dtype(np.int64)
+    g.create_array(CHUNKS, shape=(0, len(cols)), chunks=(_TABLE_CHUNK, len(cols)), dtype=dt,
+                   compressors=_codecs(dt, clevel), fill_value=-1, dimension_names=["segment", "array"], overwrite=True,
+                   attributes={"columns": cols, "first": int(first),
+                               "description": "crc32c of each array's chunk (decoded) and of the segment table row, "
+                                              "per archived segment, as written; -1 = not recorded. A chunk whose "
+                                              "data does not match is missing or damaged: its segment's rows are "
+                                              "not data"})
+
+
+class Verifier:
+    """Reads an archive's committed segments chunk by chunk, each checked against the chunk
+    manifest: a chunk that fails its codec's crc32c (damaged), or whose data does not match what
+    the export recorded (missing: zarr returns the fill value; or damaged otherwise), is reported,
+    never served. An archive without a manifest (written before it) is read as it is: a missing
+    chunk there cannot be told from zeros, which one line says once per archive."""
+
+    def __init__(self, g: Any, url: object, schema: Schema, R: int, count: int, start: int = 0) -> None:
+        self.g, self.url, self.R, self.count, self.start = g, str(url), R, count, start
+        self.columns = {c: i for i, c in enumerate(chunk_columns(schema))}
+        self.first = count  # segments before this ordinal have no manifest row (written before it)
+        self.manifest = np.full((max(count - start, 0), len(self.columns)), -1, np.int64)  # ordinals start..count
+        self.bad_manifest: set[int] = set()
+        if CHUNKS in g:
+            a = g[CHUNKS]
+            cols = list(a.attrs.get("columns") or [])
+            self.first = int(a.attrs.get("first", 0))
+            top = min(count, a.shape[0])
+            for lo in range(start // _TABLE_CHUNK * _TABLE_CHUNK, top, _TABLE_CHUNK):
+                lo, hi = max(lo, start), min(lo + _TABLE_CHUNK, top)
+                try:
+                    rows = np.asarray(read_rows(g, CHUNKS, slice(lo, hi)), np.int64)
+                except CorruptArchiveError:
+                    self.bad_manifest.update(range(lo, hi))
+                    continue
+                for c, i in self.columns.items():
+                    if c in cols:
+                        self.manifest[lo - start : hi - start, i] = rows[:, cols.index(c)]
+        if self.first > 0 and self.url not in _log_legacy:
+            _log_legacy.add(self.url)
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "%s: its first %d segment(s) were archived before chunk checksums: a missing chunk there reads as "
+                "zeros and cannot be told from data (export the store again into a new URL to get them)",
+                url, min(self.first, count))
+
+    def checked(self, o: int) -> bool:
+        """Segment ``o`` has a manifest row to check against."""
+        return o >= self.first
+
+    def unverifiable(self, o: int) -> str:
+        """Why segment ``o`` cannot be checked though it should be ("" if it can, or predates the manifest)."""
+        if not self.checked(o):
+            return ""
+        if o in self.bad_manifest:
+            return f"its chunk manifest row (array {CHUNKS}) fails its crc32c"
+        if (self.manifest[o - self.start] < 0).any():
+            return f"its chunk manifest row (array {CHUNKS}) is missing"
+        return ""
+
+    def table(self) -> tuple[np.ndarray, dict[int, str]]:
+        """The segment table's rows ``start..count`` (row ``o - start`` is ordinal ``o``'s) and the
+        ordinals whose row cannot be trusted (why)."""
+        t = np.zeros((max(self.count - self.start, 0), len(TABLE_COLUMNS)), np.int64)
+        bad: dict[int, str] = {}
+        for lo in range(self.start // _TABLE_CHUNK * _TABLE_CHUNK, self.count, _TABLE_CHUNK):
+            lo, hi = max(lo, self.start), min(lo + _TABLE_CHUNK, self.count)
+            try:
+                rows = np.asarray(read_rows(self.g, "segment_table", slice(lo, hi)), np.int64)
+            except CorruptArchiveError:
+                bad.update({o: "its segment table chunk fails its crc32c (damaged)" for o in range(lo, hi)})
+                continue
+            if rows.shape != (hi - lo, len(TABLE_COLUMNS)):
+                bad.update({o: f"its segment table rows have shape {rows.shape}" for o in range(lo, hi)})
+                continue
+            t[lo - self.start : hi - self.start] = rows
+        for o in range(self.start, self.count):
+            if o in bad:
+                continue
+            why = self.unverifiable(o)
+            if why:
+                bad[o] = why
+            elif self.checked(o) and chunk_crc(t[o - self.start]) != self.manifest[o - self.start,
+                                                                                  self.columns["segment_table"]]:
+                bad[o] = "its segment table row does not match what the export wrote (missing or damaged)"
+        return t, bad
+
+    def chunk(self, name: str, o: int) -> tuple[np.ndarray | None, str]:
+        """Segment ``o``'s whole chunk of array ``name`` (``R`` rows), or ``(None, why)``."""
+        try:
+            a = np.asarray(read_rows(self.g, name, slice(o * self.R, (o + 1) * self.R)))
+        except CorruptArchiveError:
+            return None, f"its chunk of {name} fails its crc32c (damaged)"
+        if self.checked(o):
+            why = self.unverifiable(o)
+            if why:
+                return None, why
+            want = self.manifest[o - self.start, self.columns[name]]
+            if chunk_crc(a) != want:
+                return None, f"its chunk of {name} does not match what the export wrote (missing or damaged)"
+        return a, ""
+
+    def segment(self, o: int, names: list[str]) -> tuple[dict[str, np.ndarray], str]:
+        """Every array of ``names`` for segment ``o`` (whole chunks), or ``({}, why)`` at the first bad one."""
+        out = {}
+        for name in names:
+            a, why = self.chunk(name, o)
+            if a is None:
+                return {}, why
+            out[name] = a
+        return out, ""
+
+
 def resize_layout(g: Any, schema: Schema, segments: int, R: int) -> None:
     for f in schema.fields:
         a = g[f"fields/{f.name}"]
@@ -200,3 +345,5 @@ def resize_layout(g: Any, schema: Schema, segments: int, R: int) -> None:
             g[name].resize((segments * R,))
     if g["segment_table"].shape[0] != segments:
         g["segment_table"].resize((segments, len(TABLE_COLUMNS)))
+    if CHUNKS in g and g[CHUNKS].shape[0] != segments:
+        g[CHUNKS].resize((segments, g[CHUNKS].shape[1]))

@@ -55,7 +55,7 @@ import numpy as np
 from ..core import failpoint as _failpoint
 from ..core.errors import ArchiveError, CorruptArchiveError
 from ..core.fs import atomic_write
-from .layout import COL, SEALED, committed_extent, open_group, read_masked, read_meta, read_rows
+from .layout import COL, SEALED, Verifier, committed_extent, open_group, read_meta
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -85,6 +85,10 @@ class IngestReport:
     """Archived segments whose identity was taken before with other contents (not ingested)."""
     archives: int
     """Archives looked at."""
+    masked: int = 0
+    """Segments ingested with every row masked: a chunk of theirs is missing or damaged in the archive."""
+    unreadable: int = 0
+    """Archived segments whose segment table row cannot be trusted: not ingested (looked at again next time)."""
 
 
 # ledger segment entry: [learner segment id, learner writer id, rows, crc32c, done, source epoch, source chain]
@@ -205,9 +209,11 @@ def ingest_archives(
 
     Returns an :class:`IngestReport`. Rows are visible to the store's readers after their next
     ``refresh()``. A ``kill -9`` at any point loses nothing that a later call does not add, and
-    never adds a row twice (see the module docstring). Raises ``ArchiveError`` for an archive
-    of another schema or ``segment_records``, ``CorruptArchiveError`` for a damaged chunk (the
-    segments before it stay ingested).
+    never adds a row twice (see the module docstring). A segment with a missing or damaged chunk
+    is ingested with every row masked (``masked`` counts them; one line each), one whose segment
+    table row cannot be trusted is not ingested (``unreadable``; tried again next call): every chunk
+    is checked against the archive's chunk manifest (``layout.Verifier``). Raises ``ArchiveError``
+    for an archive of another schema or ``segment_records``.
     """
     from ..storage import Ingest, ReplayStore, open_store
 
@@ -232,7 +238,8 @@ def ingest_archives(
 
 def _ingest_all(store: ReplayStore, ledger: _Ledger, urls: list[tuple[str, bool]], ing: Ingest,
                 storage_options: dict[str, Any] | None, max_segments: int | None) -> IngestReport:
-    tot = {"rows": 0, "segments": 0, "skipped": 0, "waiting": 0, "conflicts": 0, "archives": 0}
+    tot = {"rows": 0, "segments": 0, "skipped": 0, "waiting": 0, "conflicts": 0, "archives": 0, "masked": 0,
+           "unreadable": 0}
     left = max_segments if max_segments is not None else 1 << 62
     for u, named in urls:
         if left <= 0:
@@ -244,7 +251,7 @@ def _ingest_all(store: ReplayStore, ledger: _Ledger, urls: list[tuple[str, bool]
         left -= _ingest_one(store, ledger, g, u, ing, left, tot)
         tot["archives"] += 1
     return IngestReport(tot["rows"], tot["segments"], tot["skipped"], tot["waiting"], tot["conflicts"],
-                        tot["archives"])
+                        tot["archives"], tot["masked"], tot["unreadable"])
 
 
 def _check_compatible(store: ReplayStore, meta: dict[str, Any], url: str) -> None:
@@ -269,12 +276,18 @@ def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, ing: Inge
     arec["url"] = url
     count, _ = committed_extent(g)
     start = min(int(arec["done_below"]), count)
-    table = _table_rows(g, start, count)  # settled ordinals are not read again: a call costs the same late in a run
+    # settled ordinals are not read again: a call costs the same late in a run
+    v = Verifier(g, url, store.schema, store.segment_records, count, start)
+    table, unreadable = v.table()
     settled = np.zeros(count + 1, np.bool_)  # a False sentinel: done_below = first unsettled ordinal
     settled[:start] = True
     jobs = []
     for o in range(start, count):
         row = table[o - start]
+        if o in unreadable:  # its table row cannot be trusted: not taken, looked at again next time
+            tot["unreadable"] += 1
+            log.warning("%s: archived segment #%d not ingested: %s", url, o, unreadable[o])
+            continue
         if int(row[COL["state"]]) != SEALED:
             tot["waiting"] += 1
             continue
@@ -293,8 +306,6 @@ def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, ing: Inge
                         "not ingested again", url, key)
     jobs.sort(key=lambda j: int(j.row[COL["segment_id"]]))  # chain order within each session
     jobs = jobs[:left]
-    names = (*(f"fields/{n}" for n in store.schema.names), "is_last", "masked" if "masked" in g else "episode")
-    arrays = {name: g[name] for name in names} if jobs else {}
     for i in range(0, len(jobs), _BATCH):
         batch = jobs[i:i + _BATCH]
         _plan_batch(ledger, batch, ing)
@@ -303,7 +314,11 @@ def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, ing: Inge
             _failpoint.hit("ingest_after_pending")
         try:
             for job in batch:
-                tot["rows"] += _build(store, ledger, arrays, job, ing)
+                rows, why = _build(store, ledger, v, job, ing)
+                tot["rows"] += rows
+                if why:
+                    tot["masked"] += 1
+                    log.warning("%s: segment %s ingested with its %d rows masked: %s", url, job.key, rows, why)
                 if _failpoint.ACTIVE:
                     _failpoint.hit("ingest_after_build")
                 tot["segments"] += 1
@@ -321,16 +336,6 @@ def _ingest_one(store: ReplayStore, ledger: _Ledger, g: Any, url: str, ing: Inge
     return len(jobs)
 
 
-def _table_rows(g: Any, start: int, count: int) -> np.ndarray:
-    """Rows ``[start, count)`` of the archive's segment table."""
-    if count <= start:
-        return np.zeros((0, len(COL)), np.int64)
-    t = np.asarray(read_rows(g, "segment_table", slice(start, count)), np.int64)
-    if t.shape != (count - start, len(COL)):
-        raise CorruptArchiveError(f"segment_table rows {start}..{count} have shape {t.shape}")
-    return t
-
-
 def _plan_batch(ledger: _Ledger, batch: list[_Job], ing: Ingest) -> None:
     """Give each job its learner segment id (evicting like a writer) and record it pending."""
     for job in batch:
@@ -342,9 +347,10 @@ def _plan_batch(ledger: _Ledger, batch: list[_Job], ing: Ingest) -> None:
                                                 0, int(row[COL["session_epoch"]]), int(row[COL["chain_index"]])]
 
 
-def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Job, ing: Ingest) -> int:
-    """Read one archived segment and build it as the learner segment its ledger entry names (its
-    masked rows masked again)."""
+def _build(store: ReplayStore, ledger: _Ledger, v: Verifier, job: _Job, ing: Ingest) -> tuple[int, str]:
+    """Read one archived segment (its chunks checked: ``layout.Verifier``) and build it as the
+    learner segment its ledger entry names, its masked rows masked again; a segment with a missing
+    or damaged chunk is built with every row masked (its rows are not data). Returns ``(rows, why)``."""
     row, e = job.row, job.entry
     assert e is not None
     R = store.segment_records
@@ -353,9 +359,17 @@ def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Jo
     if not 0 < n <= usable <= R:
         raise CorruptArchiveError(f"segment_table row {job.ordinal} has committed={n}, usable={usable}, "
                                   f"segment_records={R}")
-    sel = slice(job.ordinal * R, job.ordinal * R + n)
-    fields = {f.name: np.ascontiguousarray(read_rows(arrays, f"fields/{f.name}", sel)) for f in store.schema.fields}
-    last = np.ascontiguousarray(read_rows(arrays, "is_last", sel), np.bool_)
+    names = [*(f"fields/{f.name}" for f in store.schema.fields), "is_last", "episode",
+             *(["masked"] if "masked" in v.g else [])]
+    data, why = v.segment(job.ordinal, names)
+    if why:
+        fields = {f.name: np.zeros((n, *f.shape), f.dtype) for f in store.schema.fields}
+        last, masked = np.zeros(n, np.bool_), np.ones(n, np.bool_)
+    else:
+        fields = {f.name: np.ascontiguousarray(data[f"fields/{f.name}"][:n]) for f in store.schema.fields}
+        last = np.ascontiguousarray(data["is_last"][:n], np.bool_)
+        masked = (np.asarray(data["masked"][:n], np.bool_) if "masked" in data
+                  else np.asarray(data["episode"][:n], np.int64) == -1)
     crc = 0
     for f in store.schema.fields:
         crc = _crc32c.crc32c(fields[f.name], crc)
@@ -363,10 +377,10 @@ def _build(store: ReplayStore, ledger: _Ledger, arrays: dict[str, Any], job: _Jo
     ing.build(segment_id=e[_SID], writer_id=e[_WID], lanes=int(row[COL["lanes"]]),
               session_epoch=ledger.sessions[job.session][1], chain_index=int(row[COL["chain_index"]]),
               first_seq=int(row[COL["first_seq"]]), usable_records=usable, created_ns=int(row[COL["created_ns"]]),
-              fields=fields, is_last=last, masked=read_masked(arrays, sel))
+              fields=fields, is_last=last, masked=masked)
     e[_CRC] = int(crc)
     e[_DONE] = 1
-    return n
+    return n, why
 
 
 __all__ = ["LEDGER", "IngestReport", "archive_urls", "ingest_archives", "read_ledger"]

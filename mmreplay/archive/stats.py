@@ -6,7 +6,10 @@ are the store's transition starts (``ReplayStore.valid_transition_mask`` per seg
 ``transition_ids()`` lists); over a zarr archive (``mmreplay.archive``), the rows of an episode
 (``episode != -1``) that are not ``is_last``, not ``masked`` (the bool array a repaired archive
 carries at the group root, when it has one) and not the last row an unfinished episode has in it
-(no next observation).
+(no next observation). Each archive chunk is checked against the archive's chunk manifest
+(``layout.Verifier``): a segment with a missing or damaged chunk is left out whole and named on one
+line, and the rows that may have their next observation in it (the open episodes' last rows so
+far) are not counted.
 
 Invariants:
 
@@ -18,7 +21,7 @@ Invariants:
   rounding;
 * results are cached, keyed by what they depend on: a store's uuid, its row count and a
   fingerprint of its segments (ids, committed counts) and damaged rows; an archive's source store
-  uuid, committed extent and masked-row count. Any change of rows recomputes. The cache file is
+  uuid, committed extent, masked-row count and the segments left out. Any change of rows recomputes. The cache file is
   ``<store>/field-stats.json`` when the store directory is writable, else
   ``<user cache>/mmreplay/stats/<store uuid>-<rows>-<fingerprint>.json`` (``$XDG_CACHE_HOME``, or
   ``~/.cache``); archives are cached in the user cache directory.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +50,9 @@ if TYPE_CHECKING:
 __all__ = ["FieldStats", "field_stats"]
 
 CACHE_NAME = "field-stats.json"
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -284,34 +291,53 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
 def _archive_stats(url: str, field: str, cache: bool | str | os.PathLike[str], chunk_rows: int,
                    storage_options: dict[str, Any] | None, progress: Callable[[int, int], None] | None) -> FieldStats:
     from ..core.schema import Schema
-    from .layout import committed_extent, open_group, read_meta, read_rows
+    from .layout import Verifier, committed_extent, open_group, read_meta
 
     g = open_group(url, "r", storage_options)
     meta = read_meta(g, url)
-    shape = _check_field(Schema.from_json(meta["schema"]), field)
+    schema = Schema.from_json(meta["schema"])
+    shape = _check_field(schema, field)
     segments, _ = committed_extent(g)
     R = int(meta["segment_records"])
     names = set(g.array_keys())
     has_mask = "masked" in names
-    total = segments * R
+    v = Verifier(g, url, schema, R, segments)
+    _, unreadable = v.table()
+    # each segment's chunks, checked against the chunk manifest: a segment with a missing or damaged one is left
+    # out whole (its rows are not data), said on one line each
+    need = ["episode", "is_last", f"fields/{field}", *(["masked"] if has_mask else [])]
+    bad: dict[int, str] = dict(unreadable)
     masked = 0
-    if has_mask:  # the masked rows are part of the key: a repair changes the statistics
-        for lo in range(0, total, R):
-            masked += int(np.count_nonzero(read_rows(g, "masked", slice(lo, min(lo + R, total)))))
+    for i in range(segments):
+        if i in bad:
+            continue
+        for name in need[:2] + need[3:]:
+            a, why = v.chunk(name, i)
+            if a is None:
+                bad[i] = why
+                break
+            if name == "masked":  # the masked rows are part of the key: a repair changes the statistics
+                masked += int(np.count_nonzero(a))
+    for i, why in sorted(bad.items()):
+        log.warning("%s: archived segment #%d left out of the statistics: %s", url, i, why)
     src = meta.get("source_store_uuid", "unknown")
-    key = f"archive:{src}:{segments}:{total}:{masked}"
-    name = f"archive-{src}-{segments}-{masked}"
+    total = segments * R
+    key = f"archive:{src}:{segments}:{total}:{masked}:{sorted(bad)}"
+    name = f"archive-{src}-{segments}-{masked}-{len(bad)}"
 
     def compute() -> FieldStats:
         run = _Running()
         pending: dict[int, np.ndarray] = {}  # episode -> its last row so far, when that row is not is_last
         for i in range(segments):
-            sel = slice(i * R, (i + 1) * R)
-            episode = np.asarray(read_rows(g, "episode", sel))
-            last = np.asarray(read_rows(g, "is_last", sel), bool)
+            if i in bad:  # its rows are not data: the episodes that reach into it are cut there
+                for e in list(pending):
+                    run.add(pending.pop(e), sign=-1)
+                continue
+            episode = np.asarray(v.chunk("episode", i)[0])
+            last = np.asarray(v.chunk("is_last", i)[0], bool)
             keep = (episode != -1) & ~last
             if has_mask:
-                keep &= ~np.asarray(read_rows(g, "masked", sel), bool)
+                keep &= ~np.asarray(v.chunk("masked", i)[0], bool)
             rows = np.flatnonzero(episode != -1)
             # each episode's last row in this chunk: a row counted now that may turn out to have no successor
             ep_rev = episode[rows][::-1]
@@ -322,7 +348,13 @@ def _archive_stats(url: str, field: str, cache: bool | str | os.PathLike[str], c
             x = None
             need = keep.any() or len(tail)
             if need:
-                x = np.asarray(read_rows(g, f"fields/{field}", sel))
+                a, why = v.chunk(f"fields/{field}", i)
+                if a is None:  # (found only now: the field's chunk is read last)
+                    log.warning("%s: archived segment #%d left out of the statistics: %s", url, i, why)
+                    for e in list(pending):
+                        run.add(pending.pop(e), sign=-1)
+                    continue
+                x = np.asarray(a)
             for lo in range(0, len(keep), chunk_rows):
                 m = keep[lo:lo + chunk_rows]
                 if m.any():

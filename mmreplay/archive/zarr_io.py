@@ -13,6 +13,8 @@ Layout of the group (readable with plain ``zarr.open_group``, see the ``descript
     masked          bool: the row failed its checksums in the store (damaged): its fields are
                     zeros, never data; an import and ``open_archive`` mask it again
     segment_table   int64 (segments, len(TABLE_COLUMNS)): one row per archived segment
+    chunk_crc32c    int64 (segments, arrays + 1): the chunk manifest (crc32c of each chunk's decoded
+                    data, and of the segment's table row, as written; -1 = not recorded)
 
 Archive row ``r`` is slot ``r % R`` of the segment in ``segment_table`` row ``r // R``
 (``R = segment_records``): every array is chunked ``R`` rows at a time, so **one chunk is one
@@ -46,9 +48,17 @@ Invariants kept here:
   samplers (uniform, prioritized, n-step, frame stacks, sequences, windowed mode) run on it
   unchanged and at local-disk speed, and a later call with the same ``cache_dir`` fetches only
   what the archive gained.
-* A chunk whose crc32c fails raises ``CorruptArchiveError`` naming the array and its rows;
-  the segment it belongs to is not imported (segments imported before it stay, and a rerun
-  resumes).
+* **An archive knows what it holds.** The export records, per segment, the crc32c of each chunk's
+  decoded data and of its segment-table row (the ``chunk_crc32c`` array, the chunk manifest;
+  ``layout.Verifier``). zarr reads a missing chunk as its array's fill value: every reader
+  (import, ``open_archive``, ``field_stats``, ``ingest_archives``, ``verify_archive``) checks each
+  chunk against the manifest as well as against its codec's crc32c. A missing or damaged chunk of
+  a field, ``is_last``, ``episode`` or ``masked`` costs its segment's rows: imported masked and
+  reported by segment and count (``ImportReport.masked``), never zeros served; a segment-table row
+  that cannot be trusted costs its segment: skipped and reported (``ImportReport.skipped``). The
+  import goes on past them, and a rerun completes what it can. An archive written before the
+  manifest is read as it is (one line says a missing chunk cannot be told from zeros there); an
+  export into it records the segments it adds.
 
 zarr (and fsspec for URLs) are imported inside the functions: ``import mmreplay`` loads numpy only.
 """
@@ -56,6 +66,7 @@ zarr (and fsspec for URLs) are imported inside the functions: ``import mmreplay`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -70,22 +81,27 @@ from ..core.episodes import LaneCarry, masked_last, row_flags, segment_episodes
 from ..core.fs import atomic_write
 from ..core.schema import Schema
 from ..storage import segment_rows
-from .layout import (COL, MARKER, OPEN, SEALED, ArchiveError, CorruptArchiveError, add_masked, committed_extent, create_layout,
-                     open_group, read_masked, read_meta, read_rows, read_table, resize_layout)
+from .layout import (CHUNKS, COL, MARKER, OPEN, SEALED, ArchiveError, CorruptArchiveError, Verifier, add_chunk_manifest,
+                     add_masked, chunk_crc, committed_extent, create_layout, open_group, read_masked, read_meta,
+                     read_rows, read_table, resize_layout)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..storage import ReplayStore
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "ArchiveError",
+    "ArchiveCheck",
     "ArchiveReport",
     "CorruptArchiveError",
     "ImportReport",
     "export_archive",
     "import_archive",
     "open_archive",
+    "verify_archive",
 ]
 
 
@@ -123,6 +139,23 @@ class ImportReport:
     segments: int
     """Archived segments now present in the store (written now or earlier)."""
     rows: int
+    masked: dict[int, tuple[int, str]] | None = None
+    """Segment id -> (rows, why): segments written with every row masked because a chunk of theirs is
+    missing or damaged in the archive (their rows are not data; never served)."""
+    skipped: dict[int, str] | None = None
+    """Archive ordinal -> why: segments not imported because their segment table row cannot be
+    trusted (a rerun tries them again)."""
+
+    @property
+    def rows_masked(self) -> int:
+        """Rows written masked (see ``masked``)."""
+        return sum(n for n, _ in (self.masked or {}).values())
+
+    def lines(self) -> list[str]:
+        """One line per segment that a missing or damaged chunk cost."""
+        out = [f"segment {sid}: {n:,} rows masked: {why}" for sid, (n, why) in sorted((self.masked or {}).items())]
+        out += [f"archived segment #{o}: not imported: {why}" for o, why in sorted((self.skipped or {}).items())]
+        return out
 
 
 @dataclass(slots=True)
@@ -247,18 +280,23 @@ def _open_for_export(store: ReplayStore, url: str | os.PathLike[str], storage_op
 
 def _write(arrays: dict[str, Any], o: int, R: int, job: _Job, fields: dict[str, np.ndarray], last: np.ndarray,
            ep: np.ndarray, first: np.ndarray, masked: np.ndarray) -> np.ndarray:
-    """Write one segment's chunks and its table row at ordinal ``o``; returns the table row."""
+    """Write one segment's chunks, its table row and its chunk manifest row at ordinal ``o``;
+    returns the table row."""
     sel = slice(o * R, (o + 1) * R)
-    for name, buf in fields.items():
-        arrays[f"fields/{name}"][sel] = buf
-    arrays["is_last"][sel] = last
-    arrays["masked"][sel] = masked
-    arrays["is_first"][sel] = np.pad(first, (0, R - job.rows))
-    arrays["episode"][sel] = np.pad(ep, (0, R - job.rows), constant_values=-1)
+    chunks = {f"fields/{name}": np.asarray(buf, arrays[f"fields/{name}"].dtype) for name, buf in fields.items()}
+    chunks.update({"is_last": np.asarray(last, np.bool_), "masked": np.asarray(masked, np.bool_),
+                   "is_first": np.pad(np.asarray(first, np.bool_), (0, R - job.rows)),
+                   "episode": np.pad(np.asarray(ep, np.int64), (0, R - job.rows), constant_values=-1)})
+    for name, buf in chunks.items():
+        arrays[name][sel] = buf
     h = job.header
     trow = np.array([job.sid, h.writer_id, h.lanes, h.session_epoch, h.chain_index, h.first_seq, h.usable_records,
                      job.rows, job.state, h.created_ns], np.int64)
     arrays["segment_table"][o] = trow
+    if CHUNKS in arrays:  # what this segment wrote: its readers tell a missing chunk from data by it
+        cols = arrays[CHUNKS].attrs["columns"]
+        crcs = {**{name: chunk_crc(buf) for name, buf in chunks.items()}, "segment_table": chunk_crc(trow)}
+        arrays[CHUNKS][o] = np.array([crcs[c] for c in cols], np.int64)
     return trow
 
 
@@ -276,13 +314,15 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
     if "masked" not in g:  # an archive written before the masked array
         add_masked(g, R, clevel)
     count, rows = committed_extent(g)
+    if CHUNKS not in g:  # an archive written before the chunk manifest: it records what is exported from now
+        add_chunk_manifest(g, store.schema, count, clevel)
     table = read_table(g, count)
     jobs = _plan(store, table, include_open)
     resize_layout(g, store.schema, count + sum(1 for j in jobs if j.ordinal < 0), R)
     # every chunk is written whole: skip zarr's scan for all-fill chunks (it cost 3-7x the write)
     with zarr.config.set({"array.write_empty_chunks": True}):
         arrays = {name: g[name] for name in (*(f"fields/{n}" for n in store.schema.names), "is_last", "is_first",
-                                              "episode", "masked", "segment_table")}
+                                              "episode", "masked", "segment_table", CHUNKS)}
     total = sum(j.rows for j in jobs)
     done = written = nbytes = damaged = episodes_masked = 0
     cache: dict[tuple[int, int, int], LaneCarry] = {}
@@ -368,32 +408,50 @@ def import_archive(
     g = open_group(url, "r", storage_options)
     meta = read_meta(g, url)
     count, _ = committed_extent(g)
-    table = read_table(g, count)
+    R = int(meta["segment_records"])
+    v = Verifier(g, url, Schema.from_json(meta["schema"]), R, count)
+    table, skipped = v.table()
+    for o in range(count):  # a table row that verifies but cannot be a segment's (an archive written before checks)
+        n, usable = int(table[o, COL["committed"]]), int(table[o, COL["usable_records"]])
+        if o not in skipped and not 0 < n <= usable <= R:
+            skipped[o] = f"its segment table row has committed={n}, usable={usable}, segment_records={R}"
+    good = [o for o in range(count) if o not in skipped]
     store = _target_store(Path(path), meta, url)
+    masked: dict[int, tuple[int, str]] = {}
     try:
         with Ingest(store, exclusive=True, claim=False) as ing:
-            todo, have = _import_plan(ing, store, table, max_rows)
-            R = store.segment_records
+            todo, have = _import_plan(ing, store, table, max_rows, good)
             total = int(sum(table[o, COL["committed"]] for o in todo))
             done = 0
+            names = [*(f"fields/{f.name}" for f in store.schema.fields), "is_last", "episode",
+                     *(["masked"] if "masked" in g else [])]  # (before that array: masked rows had episode -1)
             for o in todo:
                 row = table[o]
                 n = int(row[COL["committed"]])
-                sel = slice(o * R, o * R + n)
-                usable = int(row[COL["usable_records"]])
-                if not 0 < n <= usable <= R:
-                    raise CorruptArchiveError(f"{url}: segment_table row {o} (segment {int(row[COL['segment_id']])}) "
-                                              f"has committed={n}, usable={usable}, segment_records={R}")
+                data, why = v.segment(o, names)
+                if not why and "masked" not in data:
+                    data["masked"] = np.asarray(data["episode"], np.int64) == -1
+                if why:  # a missing or damaged chunk: the segment's rows are not data; all masked, the rest goes on
+                    data = {name: np.zeros((R, *store.schema[name[7:]].shape), store.schema[name[7:]].dtype)
+                            for name in names if name.startswith("fields/")}
+                    data.update({"is_last": np.zeros(R, np.bool_), "masked": np.ones(R, np.bool_)})
+                    masked[int(row[COL["segment_id"]])] = (n, why)
+                    log.warning("%s: segment %d: %d rows masked: %s", url, int(row[COL["segment_id"]]), n, why)
                 ing.build(segment_id=row[COL["segment_id"]], writer_id=row[COL["writer_id"]], lanes=row[COL["lanes"]],
                           session_epoch=row[COL["session_epoch"]], chain_index=row[COL["chain_index"]],
-                          first_seq=row[COL["first_seq"]], usable_records=usable, created_ns=row[COL["created_ns"]],
-                          fields={f.name: read_rows(g, f"fields/{f.name}", sel) for f in store.schema.fields},
-                          is_last=np.asarray(read_rows(g, "is_last", sel), np.bool_), masked=read_masked(g, sel))
+                          first_seq=row[COL["first_seq"]], usable_records=int(row[COL["usable_records"]]),
+                          created_ns=row[COL["created_ns"]],
+                          fields={f.name: data[f"fields/{f.name}"][:n] for f in store.schema.fields},
+                          is_last=np.asarray(data["is_last"][:n], np.bool_),
+                          masked=np.asarray(data["masked"][:n], np.bool_))
                 done += n
                 if progress is not None:
                     progress(done, total)
+        for o, why in sorted(skipped.items()):
+            log.warning("%s: archived segment #%d not imported: %s", url, o, why)
         return ImportReport(str(path), len(todo), done, len(todo) + have,
-                            int(sum(table[o, COL["committed"]] for o in _selected(table, max_rows))))
+                            int(sum(table[o, COL["committed"]] for o in _selected(table, max_rows, good))),
+                            masked, skipped)
     finally:
         store.close()
 
@@ -425,9 +483,11 @@ def _target_store(p: Path, meta: dict[str, Any], url: object) -> ReplayStore:
     return open_store(p, mode="a")
 
 
-def _selected(table: np.ndarray, max_rows: int | None) -> list[int]:
-    """Archive ordinals to import: all, or the newest segments holding at least ``max_rows`` rows."""
-    order = list(np.argsort(table[:, COL["segment_id"]], kind="stable"))
+def _selected(table: np.ndarray, max_rows: int | None, good: list[int] | None = None) -> list[int]:
+    """Archive ordinals to import (of ``good``, default all): all, or the newest segments holding at
+    least ``max_rows`` rows."""
+    among = np.arange(len(table)) if good is None else np.asarray(good, np.int64)
+    order = [int(among[i]) for i in np.argsort(table[among, COL["segment_id"]], kind="stable")]
     if max_rows is None:
         return [int(o) for o in order]
     out: list[int] = []
@@ -440,10 +500,12 @@ def _selected(table: np.ndarray, max_rows: int | None) -> list[int]:
     return sorted(out, key=lambda o: int(table[o, COL["segment_id"]]))
 
 
-def _import_plan(ing: Any, store: ReplayStore, table: np.ndarray, max_rows: int | None) -> tuple[list[int], int]:
-    """Ordinals whose segment the store lacks or holds fewer rows of; and how many are there already."""
+def _import_plan(ing: Any, store: ReplayStore, table: np.ndarray, max_rows: int | None,
+                 good: list[int]) -> tuple[list[int], int]:
+    """Ordinals (of ``good``) whose segment the store lacks or holds fewer rows of; and how many are
+    there already."""
     todo, have = [], 0
-    for o in _selected(table, max_rows):
+    for o in _selected(table, max_rows, good):
         row = table[o]
         m = ing.segment(int(row[COL["segment_id"]]), int(row[COL["writer_id"]]))
         if m is None:
@@ -459,6 +521,47 @@ def _import_plan(ing: Any, store: ReplayStore, table: np.ndarray, max_rows: int 
         else:
             todo.append(o)
     return todo, have
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveCheck:
+    """What :func:`verify_archive` found."""
+
+    url: str
+    segments: int
+    """Committed segments checked."""
+    rows: int
+    problems: list[str]
+    """One line per segment a missing or damaged chunk costs (or whose table row cannot be trusted)."""
+    notes: list[str]
+    """Findings that cost nothing (e.g. segments archived before chunk checksums)."""
+
+
+def verify_archive(url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> ArchiveCheck:
+    """Check every chunk of every committed segment of the archive at ``url`` the way readers do
+    (its codec's crc32c, and its data against the chunk manifest the export wrote: a missing chunk
+    reads as its array's fill value and does not match); reads everything, writes nothing."""
+    g = open_group(url, "r", storage_options)
+    meta = read_meta(g, url)
+    schema = Schema.from_json(meta["schema"])
+    count, rows = committed_extent(g)
+    R = int(meta["segment_records"])
+    v = Verifier(g, url, schema, R, count)
+    table, bad = v.table()
+    problems = [f"archived segment #{o}: {why}" for o, why in sorted(bad.items())]
+    names = [*(f"fields/{f.name}" for f in schema.fields), "is_last", "is_first", "episode",
+             *(["masked"] if "masked" in g else [])]
+    for o in range(count):
+        if o not in bad:
+            whys = [why for name in names if (why := v.chunk(name, o)[1])]
+            n = int(table[o, COL["committed"]])
+            problems += [f"segment {int(table[o, COL['segment_id']])} (#{o}, {n:,} rows): {why}" for why in whys]
+        if progress is not None:
+            progress(o + 1, count)
+    notes = ([f"{min(v.first, count)} segment(s) were archived before chunk checksums: a missing chunk there "
+              "reads as zeros and cannot be told from data"] if v.first and count else [])
+    return ArchiveCheck(str(url), count, rows, problems, notes)
 
 
 def open_archive(
