@@ -15,7 +15,6 @@ import pytest
 import mmreplay
 from mmreplay.archive import (
     ArchiveError,
-    CorruptArchiveError,
     export_archive,
     import_archive,
     open_archive,
