@@ -56,6 +56,8 @@ BENCHMARKS: dict[str, Bench] = {
                     ("--size-gb", "0.5", "--dir", "/tmp")),
     "archive": Bench("zarr archive size against the rows for ALE frames (Breakout, Pong, SpaceInvaders)", "~5 min",
                      ("--steps", "2000", "--games", "Pong")),
+    "archive_rates": Bench("export and import rates (MB/s of rows) to a local path and to an S3 API (moto on "
+                           "loopback), Atari frames and vector rows", "~5 min", ("--rows", "4000", "--repeats", "1")),
     "damage": Bench("the damage suite: random damage to stores, rows lost or masked beyond the damaged ones",
                     "6 min (5,000 cases)", ("--cases", "20")),
     "crash_states": Bench("every state a crash may leave writer sessions in (each durability, two lanes), recovery "
