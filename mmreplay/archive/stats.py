@@ -31,7 +31,6 @@ zarr is imported only for archives; ``import mmreplay`` does not load this modul
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging

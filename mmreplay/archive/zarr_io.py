@@ -82,8 +82,8 @@ from ..core.fs import atomic_write
 from ..core.schema import Schema
 from ..storage import segment_rows
 from .layout import (CHUNKS, COL, MARKER, OPEN, SEALED, ArchiveError, CorruptArchiveError, Verifier, add_chunk_manifest,
-                     add_masked, chunk_crc, committed_extent, create_layout, open_group, read_masked, read_meta,
-                     read_rows, read_table, resize_layout)
+                     add_masked, chunk_crc, committed_extent, create_layout, open_group, read_meta,
+                     read_table, resize_layout)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -182,8 +182,10 @@ def _plan(store: ReplayStore, table: np.ndarray, include_open: bool) -> list[_Jo
     return jobs
 
 
-def _carry(g: Any, table: np.ndarray, cache: dict[tuple[int, int, int], LaneCarry], h: Any, R: int) -> LaneCarry | None:
-    """The chain predecessor's last row per lane: from this export, else from the archive."""
+def _carry(v: Verifier, table: np.ndarray, cache: dict[tuple[int, int, int], LaneCarry], h: Any,
+           R: int) -> LaneCarry | None:
+    """The chain predecessor's last row per lane: from this export, else from the archive (its
+    chunks checked: a missing or damaged one gives none, as if the chain started here)."""
     if h.chain_index == 0:
         return None
     key = (h.writer_id, h.session_epoch, h.chain_index - 1)
@@ -198,13 +200,19 @@ def _carry(g: Any, table: np.ndarray, cache: dict[tuple[int, int, int], LaneCarr
     n, L = int(t[o, COL["committed"]]), int(t[o, COL["lanes"]])
     if n != int(t[o, COL["usable_records"]]) or L != h.lanes:
         return None
-    sel = slice(o * R + n - L, o * R + n)
+    names = ["episode", "is_last", *(f"fields/{f}" for f in ("terminated", "truncated") if f"fields/{f}" in v.g),
+             *(["masked"] if "masked" in v.g else [])]
+    data, why = v.segment(o, names)
+    if why:
+        return None
+    sel = slice(n - L, n)
     done = np.zeros(L, np.bool_)
     for flag in ("terminated", "truncated"):
-        if f"fields/{flag}" in g:
-            done |= row_flags(read_rows(g, f"fields/{flag}", sel))
-    return LaneCarry(np.asarray(read_rows(g, "episode", sel), np.int64), np.asarray(read_rows(g, "is_last", sel), np.bool_),
-                     done & ~read_masked(g, sel))
+        if f"fields/{flag}" in data:
+            done |= row_flags(data[f"fields/{flag}"][sel])
+    masked = data["masked"][sel] if "masked" in data else np.asarray(data["episode"][sel], np.int64) == -1
+    return LaneCarry(np.asarray(data["episode"][sel], np.int64), np.asarray(data["is_last"][sel], np.bool_),
+                     done & ~np.asarray(masked, np.bool_))
 
 
 def export_archive(
@@ -316,6 +324,7 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
     count, rows = committed_extent(g)
     if CHUNKS not in g:  # an archive written before the chunk manifest: it records what is exported from now
         add_chunk_manifest(g, store.schema, count, clevel)
+    v = Verifier(g, url, store.schema, R, count)
     table = read_table(g, count)
     jobs = _plan(store, table, include_open)
     resize_layout(g, store.schema, count + sum(1 for j in jobs if j.ordinal < 0), R)
@@ -331,7 +340,7 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
         if data is None:
             continue  # evicted since the plan: it was never archived, so nothing refers to it
         h, n = job.header, job.rows
-        carry = _carry(g, table, cache, h, R)
+        carry = _carry(v, table, cache, h, R)
         masked = data.masked[:n]
         last = data.is_last.copy()
         last[:n] = masked_last(data.is_last[:n], masked, data.done, lanes=h.lanes, carry=carry)
