@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._errors import friendly
+from ._errors import friendly, naming
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -60,7 +60,8 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
     """Export the store at PATH to a zarr v3 archive or a Minari dataset.
 
     A second zarr export into the same TARGET appends only new segments, and an interrupted
-    one resumes where it stopped.
+    one resumes where it stopped. An s3:// TARGET takes its keys and endpoint from the environment
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3 for MinIO, Ceph...).
 
     \b
     Examples:
@@ -71,7 +72,7 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
     if fmt == "zarr":
         from mmreplay.archive import export_archive
 
-        with _progress(progress, "row") as cb:
+        with _progress(progress, "row") as cb, naming(target):
             r = export_archive(path, target, include_open=include_open, clevel=clevel, verify=not no_verify,
                                progress=cb)
         e = r.episodes
@@ -112,6 +113,9 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
                stack_size: int, progress: bool | None) -> None:
     """Create a store at --store from a zarr archive, a Minari dataset or Dopamine checkpoints.
 
+    An s3:// SOURCE takes its keys and endpoint from the environment (AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3 for MinIO, Ceph...).
+
     \b
     Examples:
       mmreplay import /archive/pong.zarr --store /data/pong
@@ -121,7 +125,7 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
     if fmt == "zarr":
         from mmreplay.archive import import_archive
 
-        with _progress(progress, "row") as cb:
+        with _progress(progress, "row") as cb, naming(source):
             r = import_archive(source, store_path, max_rows=max_rows, progress=cb)
         if max_rows is not None and r.rows > max_rows:
             click.echo(f"--max-rows {max_rows:,}: the newest whole segments hold {r.rows:,} rows (a segment is "

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ._errors import describe, friendly, one_line
+from ._errors import describe, friendly, naming, one_line
 
 _FLOAT = click.FLOAT
 _INT = click.INT
@@ -42,7 +42,8 @@ def _hidden(ctx: click.Context, param: click.Parameter, value: str | None) -> tu
 _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--store",), dict(type=click.Path(file_okay=False), help="Store path: filled online, read offline.")),
     (("--offline/--online",), dict(help="Train from the store only (read-only), no env interaction but evaluation.")),
-    (("--archive",), dict(type=str, help="Offline: a zarr archive (path or fsspec URL) instead of --store.")),
+    (("--archive",), dict(type=str, help="Offline: a zarr archive (path or fsspec URL) instead of --store; s3:// "
+                                         "reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3.")),
     (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql", "td3bc", "iql"]),
                        help="dqn (double DQN); bc, cql offline (discrete actions); td3bc, iql, bc offline (Box "
                             "actions, CORL's settings). [dqn]")),
@@ -184,6 +185,8 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
     """
     if not quiet:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+        for name in ("botocore", "aiobotocore"):  # an S3 client's INFO lines ("Found credentials in environment
+            logging.getLogger(name).setLevel(logging.WARNING)  # variables.") are not the run's to print
     try:
         cfg = train_config(env_id, opts)
         from mmreplay.agent.envs import check_env_id
@@ -192,7 +195,8 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             check_env_id(env)  # a typo fails here, before torch loads or anything is made
         from mmreplay.train import train
 
-        result = train(cfg)
+        with naming(cfg.archive or cfg.ray_archive):  # an object store's error names the archive
+            result = train(cfg)
     except (ValueError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
         if describe(exc) is not None:
             raise  # an mmreplay or file-system error: `friendly` gives it its CLI hint

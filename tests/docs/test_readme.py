@@ -73,3 +73,35 @@ def test_sh_blocks_parse_with_the_real_cli(tmp_path):
     if any(ln.startswith("python -m mmreplay --help") for ln in lines):
         out = subprocess.run([sys.executable, "-m", "mmreplay", "--help"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "collect" in out.stdout
+
+
+def test_plain_zarr_recipe_leaves_out_an_episode_holding_a_masked_row(tmp_path):
+    """The README's plain-zarr block, run on an archive whose store had a damaged row: the row is
+    archived masked, and the recipe's ``complete`` episodes are every ended episode but its."""
+    import numpy as np
+
+    import mmreplay
+    from mmreplay.archive import export_archive
+
+    (code,) = [b for b in blocks("python") if 'zarr.open_group("/tmp/cartpole.zarr"' in b]
+    path = tmp_path / "s"
+    with mmreplay.create_store(path, mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32),
+                               capacity=10_000, segment_records=64) as s:
+        t = np.arange(128, dtype=np.float32)  # one lane, episodes of 13 steps; obs (t, 1, 2, 3): (1, 2, 3) never zeros
+        with s.writer(lanes=1) as w:
+            w.add_batch(obs=np.stack([t, t * 0 + 1, t * 0 + 2, t * 0 + 3], 1)[:, None],
+                        action=t.astype(np.int64)[:, None], reward=t[:, None],
+                        terminated=(t % 13 == 12)[:, None], truncated=np.zeros((128, 1), bool))
+        layout = s.layout
+    with open(sorted((path / "segments").glob("*.seg"))[0], "r+b") as fh:  # row 20's obs: its checksum fails
+        fh.seek(layout.column("obs").offset + 20 * layout.record_bytes)
+        fh.write(b"\xff" * 4)
+    assert export_archive(path, tmp_path / "cartpole.zarr").damaged_rows == 1
+    ns: dict[str, object] = {}
+    exec(compile(_paths(code, tmp_path), "README.md", "exec"), ns)  # noqa: S102 - the README's own code
+    episode, masked, complete = ns["episode"], ns["masked"], ns["complete"]
+    assert np.flatnonzero(masked).tolist() == [20]
+    ended = np.intersect1d(episode[ns["is_first"]], episode[ns["is_last"]])  # what the recipe took before
+    assert episode[20] in ended and episode[20] not in complete
+    assert sorted(complete.tolist()) == sorted(set(ended.tolist()) - {int(episode[20])}) and len(complete) >= 8
+    assert (ns["obs"][np.isin(episode, complete), 1:] != 0).all()  # no zeroed row in a complete episode
