@@ -5,9 +5,9 @@ id, a missing extra, an fsspec protocol without its package, a path that is a fi
 read-only or full filesystem, an object store (S3 and S3-compatible ones, through s3fs and
 botocore) that refuses the credentials, has no such bucket or cannot be reached) becomes a
 ``click.ClickException``: exit code 1 and one line on stderr, ``Error: <what> (hint: <what to
-do>)``; :func:`naming` puts the archive URL in front of an object store's error (whose own
-message may be a bare ``Forbidden``). The hint names a command or an option, never a
-Python call. Anything else is a bug and keeps its traceback. ``--debug`` (or
+do>)``; the archive functions name the archive URL in an object store's error themselves
+(``mmreplay.archive.remote``). The hint names a command, an option or an environment variable,
+never a Python call. Anything else is a bug and keeps its traceback. ``--debug`` (or
 ``MMREPLAY_DEBUG=1``) re-raises every error with its traceback.
 """
 
@@ -75,76 +75,18 @@ def _missing_extra(exc: BaseException) -> str | None:
     return f"pip install {m.group(1)}" if m else None
 
 
-# the settings an S3 client reads from the environment, named by the object-store hints
-_S3_KEYS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
-_S3_ENDPOINT = "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL)"
-_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-           "AccountProblem", "AllAccessDisabled"}
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from (``__cause__``, or an unsuppressed ``__context__``)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ if cur.__cause__ is not None else (None if cur.__suppress_context__ else cur.__context__)
-
-
-def object_store_error(exc: BaseException) -> tuple[str, str] | None:
-    """``(message, hint)`` for an object store's refusal or absence: a botocore error, or the
-    ``OSError`` s3fs made of one (``PermissionError('Forbidden')``); ``None`` for anything else.
-    The rule: credentials refused -> the key variables; no bucket -> create it; no connection or
-    a timeout -> the endpoint variables (an export or import run again resumes where it stopped)."""
-    boto = next((e for e in _causes(exc) if type(e).__module__.startswith("botocore.")), None)
-    if boto is None:
-        return None
-    kind = type(boto).__name__
-    response = getattr(boto, "response", None)
-    if isinstance(response, dict):  # ClientError: the store answered with an error code
-        err = response.get("Error") or {}
-        code = str(err.get("Code", "")) or "?"
-        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        text = str(err.get("Message") or (exc if exc is not boto else "")) or code
-        what = f"{code}: {text}" if text != code else code
-        if code in _DENIED or status == 403 or isinstance(exc, PermissionError):
-            return (f"the object store refused the credentials ({what})",
-                    f"check {_S3_KEYS}, and that {_S3_ENDPOINT} names the store they belong to")
-        if code == "NoSuchBucket":
-            return f"no such bucket ({what})", f"create the bucket, or check the URL and {_S3_ENDPOINT}"
-        return f"the object store answered {what}", f"check the URL, {_S3_KEYS} and {_S3_ENDPOINT}"
-    if kind in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "ProfileNotFound"):
-        return f"no credentials for the object store ({boto})", f"set {_S3_KEYS}"
-    if kind in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-                "ProxyConnectionError", "SSLError"):
-        return (f"the object store cannot be reached ({boto})",
-                f"check that the store is running and that {_S3_ENDPOINT} names it; run again: an export or "
-                "import resumes where it stopped")
-    return f"{kind}: {boto}", f"check the URL, {_S3_KEYS} and {_S3_ENDPOINT}"
-
-
-@contextlib.contextmanager
-def naming(url: str | os.PathLike[str] | None) -> Iterator[None]:
-    """Put ``url`` in front of the one line of an object-store error raised in the block (an S3
-    error names an object or nothing, never the archive); other errors pass unchanged."""
-    try:
-        yield
-    except Exception as exc:
-        found = None if url is None or _debug() else object_store_error(exc)
-        if found is None:
-            raise
-        raise click.ClickException(one_line(f"{url}: {found[0]}", found[1])) from None
-
-
 def describe(exc: BaseException) -> tuple[str, str] | None:
     """``(message, hint)`` for a user error, ``None`` for anything else (a bug)."""
     if isinstance(exc, E.MMReplayError):
         msg = f"{type(exc).__name__}: {Exception.__str__(exc)}"  # without the library's Python-call hint
+        if isinstance(exc, E.ObjectStoreError):  # (its hint names environment variables: CLI terms already)
+            return msg, exc.hint
         for cls, hint in _HINTS:
             if isinstance(exc, cls):
                 return msg, hint
         return msg, exc.hint
+    from mmreplay.archive.remote import object_store_error  # (an S3 error that left elsewhere than an archive call)
+
     remote = object_store_error(exc)
     if remote is not None:
         return remote

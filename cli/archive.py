@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._errors import friendly, naming
+from ._errors import friendly
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -72,7 +72,7 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
     if fmt == "zarr":
         from mmreplay.archive import export_archive
 
-        with _progress(progress, "row") as cb, naming(target):
+        with _progress(progress, "row") as cb:
             r = export_archive(path, target, include_open=include_open, clevel=clevel, verify=not no_verify,
                                progress=cb)
         e = r.episodes
@@ -125,13 +125,17 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
     if fmt == "zarr":
         from mmreplay.archive import import_archive
 
-        with _progress(progress, "row") as cb, naming(source):
+        with _progress(progress, "row") as cb:
             r = import_archive(source, store_path, max_rows=max_rows, progress=cb)
+        for line in r.lines():  # segments a missing or damaged chunk cost (their rows masked, or not imported)
+            click.echo(f"problem: {line}", err=True)
         if max_rows is not None and r.rows > max_rows:
             click.echo(f"--max-rows {max_rows:,}: the newest whole segments hold {r.rows:,} rows (a segment is "
                        "imported whole)")
         click.echo(f"imported {r.segments_written} segments ({r.rows_written:,} rows) into {r.path}; "
                    f"it holds {r.segments} archived segments, {r.rows:,} rows")
+        if r.masked or r.skipped:  # what the archive lost is not in the store as data: said, and exit 1
+            raise SystemExit(1)
     elif fmt == "minari":
         from mmreplay.interop.minari import import_minari
 

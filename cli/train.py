@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ._errors import describe, friendly, naming, one_line
+from ._errors import describe, friendly, one_line
 
 _FLOAT = click.FLOAT
 _INT = click.INT
@@ -195,8 +195,7 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             check_env_id(env)  # a typo fails here, before torch loads or anything is made
         from mmreplay.train import train
 
-        with naming(cfg.archive or cfg.ray_archive):  # an object store's error names the archive
-            result = train(cfg)
+        result = train(cfg)  # (an object store's error names the archive: mmreplay.archive.remote)
     except (ValueError, FileExistsError, FileNotFoundError, NotImplementedError) as exc:
         if describe(exc) is not None:
             raise  # an mmreplay or file-system error: `friendly` gives it its CLI hint

@@ -1,7 +1,8 @@
 """archive: compressed zarr v3 archives of a store (local path or any fsspec URL), and shipping.
 
-Modules: ``zarr_io`` (export_archive, import_archive, open_archive), ``layout`` (the archive's
-group layout, checksums and metadata), ``shipping`` (the learner's exactly-once ingestion of
+Modules: ``zarr_io`` (export_archive, import_archive, open_archive, verify_archive), ``layout`` (the
+archive's group layout, checksums, metadata and chunk manifest), ``remote`` (an object store's errors,
+said naming the archive), ``shipping`` (the learner's exactly-once ingestion of
 archives that remote actors export), ``stats`` (``field_stats``: streaming mean, std, min and max
 of a field over a store's or an archive's transitions, cached beside the store).
 

@@ -67,11 +67,33 @@ data (-1: not recorded, for segments before the attribute 'first')."""
 def open_group(url: str | os.PathLike[str], mode: str, storage_options: dict[str, Any] | None) -> Any:
     import zarr
 
+    from ..core.errors import ObjectStoreError
+    from .remote import object_store_error
+
     kw: dict[str, Any] = {"storage_options": storage_options} if storage_options else {}
     try:
         return zarr.open_group(store=str(url), mode=mode, zarr_format=3, **kw)  # type: ignore[arg-type]
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        found = object_store_error(exc)  # (no such bucket: said so, not "no archive")
+        if found is None and "://" in str(url):
+            found = _missing_bucket(str(url), storage_options)
+        if found is not None:
+            raise ObjectStoreError(f"{url}: {found[0]}", hint=found[1]) from exc
         raise ArchiveError(f"no archive at {url}") from None
+
+
+def _missing_bucket(url: str, storage_options: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(message, hint)`` when the bucket (the URL's first path part) of an object-store URL does
+    not exist, else None (asked only once an archive was not found)."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        if getattr(fs, "root_marker", "") != "" or fs.exists(root.split("/")[0]):
+            return None
+    except Exception:  # noqa: BLE001 - the first error (no archive) is the one said
+        return None
+    return "no such bucket", "create the bucket, or check the URL and AWS_ENDPOINT_URL_S3 (or storage_options)"
 
 
 def read_meta(g: Any, url: object) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from ..core import failpoint as _failpoint
 from ..core.errors import ArchiveError, CorruptArchiveError
 from ..core.fs import atomic_write
 from .layout import COL, SEALED, Verifier, committed_extent, open_group, read_meta
+from .remote import naming
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -152,6 +153,11 @@ def read_ledger(store: ReplayStore) -> dict[str, Any]:
 
 def archive_urls(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> list[str]:
     """``url`` itself if it is an archive, else the archives directly under it (sorted; none if missing)."""
+    with naming(url):
+        return _archive_urls(url, storage_options)
+
+
+def _archive_urls(url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> list[str]:
     text = str(url)
     if "://" not in text:  # a local or shared-filesystem path: no fsspec needed
         root = Path(text)
@@ -230,7 +236,8 @@ def ingest_archives(
             if ledger.settle(ing):
                 ledger.save(st)
             found = [(a, a == str(u)) for u in urls for a in archive_urls(u, storage_options)]
-            return _ingest_all(st, ledger, found, ing, storage_options, max_segments)
+            with naming(urls[0] if len(urls) == 1 else ", ".join(map(str, urls))):
+                return _ingest_all(st, ledger, found, ing, storage_options, max_segments)
     finally:
         if own:
             st.close()

@@ -175,7 +175,10 @@ def field_stats(
 
         with open_store(path, mode="r") as store:
             return _store_stats(store, field, cache, chunk_rows, progress)
-    return _archive_stats(str(source), field, cache, chunk_rows, storage_options, progress)
+    from .remote import naming
+
+    with naming(source):
+        return _archive_stats(str(source), field, cache, chunk_rows, storage_options, progress)
 
 
 def _check_field(schema: Any, field: str) -> tuple[int, ...]:

@@ -81,6 +81,7 @@ from ..core.episodes import LaneCarry, masked_last, row_flags, segment_episodes
 from ..core.fs import atomic_write
 from ..core.schema import Schema
 from ..storage import segment_rows
+from .remote import naming
 from .layout import (CHUNKS, COL, MARKER, OPEN, SEALED, ArchiveError, CorruptArchiveError, Verifier, add_chunk_manifest,
                      add_masked, chunk_crc, committed_extent, create_layout, open_group, read_meta,
                      read_table, resize_layout)
@@ -260,8 +261,9 @@ def export_archive(
     own = not isinstance(store, ReplayStore)
     st = open_store(store, mode="r") if own else store
     try:
-        return _export(st, url, include_open=include_open, clevel=clevel, verify=verify,
-                       storage_options=storage_options, progress=progress)
+        with naming(url):
+            return _export(st, url, include_open=include_open, clevel=clevel, verify=verify,
+                           storage_options=storage_options, progress=progress)
     finally:
         if own:
             st.close()
@@ -410,8 +412,18 @@ def import_archive(
     ``path`` must not exist, or be a store an earlier import of the same archive made: then only
     segments it lacks (or that grew in the archive) are written, so an interrupted import
     resumes. ``max_rows`` imports only the newest segments (by segment id) holding at least that
-    many rows. Needs the store to itself (``StoreLockedError`` while a writer is active).
+    many rows. Needs the store to itself (``StoreLockedError`` while a writer is active). Every
+    chunk is checked (see the module docstring): a segment a missing or damaged chunk costs is
+    written masked (``ImportReport.masked``) or, its table row untrusted, skipped
+    (``ImportReport.skipped``), and the import goes on. An object store's error is an
+    ``ObjectStoreError`` naming ``url``.
     """
+    with naming(url):
+        return _import(url, path, max_rows=max_rows, storage_options=storage_options, progress=progress)
+
+
+def _import(url: str | os.PathLike[str], path: str | os.PathLike[str], *, max_rows: int | None,
+            storage_options: dict[str, Any] | None, progress: Callable[[int, int], None] | None) -> ImportReport:
     from ..storage import Ingest
 
     g = open_group(url, "r", storage_options)
@@ -551,6 +563,12 @@ def verify_archive(url: str | os.PathLike[str], *, storage_options: dict[str, An
     """Check every chunk of every committed segment of the archive at ``url`` the way readers do
     (its codec's crc32c, and its data against the chunk manifest the export wrote: a missing chunk
     reads as its array's fill value and does not match); reads everything, writes nothing."""
+    with naming(url):
+        return _verify(url, storage_options, progress)
+
+
+def _verify(url: str | os.PathLike[str], storage_options: dict[str, Any] | None,
+            progress: Callable[[int, int], None] | None) -> ArchiveCheck:
     g = open_group(url, "r", storage_options)
     meta = read_meta(g, url)
     schema = Schema.from_json(meta["schema"])

@@ -162,6 +162,13 @@ class ArchiveError(MMReplayError):
     hint = "check the archive URL; export a store into a new URL"
 
 
+class ObjectStoreError(ArchiveError):
+    """The object store behind an archive's URL refused the credentials, has no such bucket, or
+    cannot be reached (``mmreplay.archive.remote``); the message names the archive."""
+
+    hint = "check the URL, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT_URL_S3 (or storage_options)"
+
+
 class CorruptArchiveError(ArchiveError):
     """An archive chunk or its metadata failed its check (crc32c mismatch, inconsistent table)."""
 

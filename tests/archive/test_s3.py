@@ -25,6 +25,7 @@ from click.testing import CliRunner
 
 import mmreplay
 from mmreplay.archive import ArchiveError, export_archive, import_archive, open_archive
+from mmreplay.core.errors import ObjectStoreError
 from mmreplay.archive.stats import field_stats
 from mmreplay.cli.main import main
 from mmreplay.cluster import archive_urls, ingest_archives
@@ -228,11 +229,9 @@ def test_an_export_cut_by_an_outage_resumes_to_the_same_archive(tmp_path, s3, ca
             stopped.append(done)
             server.stop()
 
-    from botocore.exceptions import BotoCoreError
-
     t0 = time.monotonic()
     try:
-        with pytest.raises((OSError, BotoCoreError)) as info:  # EndpointConnectionError (see the last test)
+        with pytest.raises(ObjectStoreError, match=re.escape(url)) as info:  # botocore's, naming the archive
             export_archive(cartpole, url, storage_options=s3.options, progress=cut)
         took = time.monotonic() - t0
     finally:
@@ -240,8 +239,8 @@ def test_an_export_cut_by_an_outage_resumes_to_the_same_archive(tmp_path, s3, ca
     assert stopped == [R] and took < 20, took
     from mmreplay.cli._errors import describe
 
-    what, hint = describe(info.value)  # what the CLI prints: one line naming the endpoint
-    assert "cannot be reached" in what and server.endpoint in what and "AWS_ENDPOINT_URL" in hint
+    what, hint = describe(info.value)  # what the CLI prints: one line naming the archive and the endpoint
+    assert "cannot be reached" in what and url in what and server.endpoint in what and "AWS_ENDPOINT_URL" in hint
     assert _arrays(url, s3.options)["committed"] == {"segments": 1, "rows": R}
     resumed = export_archive(cartpole, url, storage_options=s3.options)
     assert (resumed.segments_written, resumed.segments, resumed.rows) == (4, 5, 601)
@@ -258,10 +257,10 @@ def test_a_wrong_key_is_refused_in_one_line(tmp_path, archive, s3_server, cartpo
                      lambda: import_archive(url, tmp_path / "x", storage_options=wrong),
                      lambda: field_stats(url, storage_options=wrong, cache=False),
                      lambda: archive_urls(url, wrong)):
-            with pytest.raises(PermissionError):  # s3fs's error, as the library passes it on (see the last test)
+            with pytest.raises(ObjectStoreError, match="refused the credentials"):  # naming the archive
                 call()
         line = _cli(["import", url, "--store", tmp_path / "dst"], tmp_path, AWS_ACCESS_KEY_ID="wrong")
-    assert line.startswith(f"Error: {url}: the object store refused the credentials"), line
+    assert line.startswith(f"Error: ObjectStoreError: {url}: the object store refused the credentials"), line
     assert "AWS_ACCESS_KEY_ID" in line and not (tmp_path / "dst").exists() and not (tmp_path / "x").exists()
 
 
@@ -271,15 +270,15 @@ def test_a_missing_bucket_is_one_line(tmp_path, s3, cartpole):
                  lambda: import_archive(url, tmp_path / "x", storage_options=s3.options),
                  lambda: open_archive(url, storage_options=s3.options),
                  lambda: field_stats(url, storage_options=s3.options, cache=False)):
-        with pytest.raises(ArchiveError, match=re.escape(f"no archive at {url}")):
+        with pytest.raises(ObjectStoreError, match=re.escape(f"{url}: no such bucket")):  # (an ArchiveError)
             call()
     assert not (tmp_path / "x").exists()
     assert archive_urls(url.rsplit("/", 1)[0], s3.options) == []  # a shipping root not made yet: nothing yet
     line = _invoke(["export", cartpole, "--to", "zarr", url, "--no-progress"])
-    assert line.startswith(f"Error: ArchiveError: no archive at {url}"), line
+    assert line.startswith(f"Error: ObjectStoreError: {url}: no such bucket") and "create the bucket" in line, line
     line = _cli(["train", "--offline", "--archive", url, "--eval-env", "CartPole-v1", "--steps", "5",
                  "--run-dir", tmp_path / "run"], tmp_path)  # without -q: train logs at INFO, botocore must not
-    assert line.startswith(f"Error: ArchiveError: no archive at {url}"), line
+    assert line.startswith(f"Error: ObjectStoreError: {url}: no such bucket"), line
     assert not (tmp_path / "run").exists()
 
 
@@ -290,17 +289,15 @@ def test_an_unreachable_endpoint_is_one_line(tmp_path, s3, cartpole, monkeypatch
     for args in (["export", cartpole, "--to", "zarr", s3.url("a.zarr"), "--no-progress"],
                  ["import", s3.url("a.zarr"), "--store", tmp_path / "dst", "--no-progress"]):
         line = _invoke(args)
-        assert line.startswith(f"Error: {s3.url('a.zarr')}: the object store cannot be reached"), line
+        assert line.startswith(f"Error: ObjectStoreError: {s3.url('a.zarr')}: the object store cannot be "
+                               "reached"), line
         assert dead in line and "AWS_ENDPOINT_URL" in line
     assert not (tmp_path / "dst").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="mmreplay.archive passes s3fs's and botocore's errors on as they are "
-                   "(PermissionError('Forbidden'), EndpointConnectionError naming one object): only the CLI names the "
-                   "archive (cli/_errors.py `naming`)")
 def test_the_library_names_the_archive_in_an_object_store_error(tmp_path, archive, s3_server):
-    """What the library should raise for an object store's refusal: an mmreplay error naming the
-    archive URL (as the CLI's line does). Passes once mmreplay.archive wraps them; then drop the mark."""
+    """The library raises an object store's refusal as ``ObjectStoreError`` naming the archive URL
+    (``mmreplay.archive.remote``), with what to check."""
     url, _ = archive
     with s3_server.iam_auth(), pytest.raises(mmreplay.MMReplayError, match=re.escape(url)):
         import_archive(url, tmp_path / "x", storage_options=s3_server.options("wrong"))
