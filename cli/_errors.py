@@ -13,7 +13,6 @@ never a Python call. Anything else is a bug and keeps its traceback. ``--debug``
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
@@ -25,7 +24,7 @@ import click
 from mmreplay.core import errors as E
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 F = TypeVar("F", bound="Callable[..., Any]")
 

@@ -24,7 +24,7 @@ from _s3 import S3Bucket, S3Server, forget_clients, moto_s3
 from click.testing import CliRunner
 
 import mmreplay
-from mmreplay.archive import ArchiveError, export_archive, import_archive, open_archive
+from mmreplay.archive import export_archive, import_archive, open_archive
 from mmreplay.core.errors import ObjectStoreError
 from mmreplay.archive.stats import field_stats
 from mmreplay.cli.main import main
