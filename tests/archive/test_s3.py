@@ -182,6 +182,8 @@ def test_the_cli_imports_and_trains_from_s3_through_the_environment(tmp_path, ar
                                   "--steps", "20", "--eval-episodes", "0", "--run-dir", str(tmp_path / "run"), "-q"])
     assert r.exit_code == 0 and "updates      20" in r.output, r.output
     assert (tmp_path / "run" / "policy.pt").exists()
+    r = CliRunner().invoke(main, ["verify", url])  # every chunk against the chunk manifest, over the S3 API
+    assert r.exit_code == 0 and "ok:" in r.output and "5 segment(s)" in r.output, r.output
 
 
 # -- failures ------------------------------------------------------------------------------------
