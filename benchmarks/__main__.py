@@ -52,6 +52,9 @@ BENCHMARKS: dict[str, Bench] = {
     "gpu_check": Bench("learner updates/s eager and graph-captured, and the data path to the device (run by "
                        "gpu_check.sh on a GPU machine)", "~5 min on a GPU",
                        ("--device", "cpu", "--rows", "3000", "--seconds", "0.5", "--batch-sizes", "8", "32")),
+    "scale": Bench("per-batch cost (uniform, sequence, prioritized, frame stacks), open and whole-store passes "
+                   "(field_stats, verify, export, first check) at 1M/10M/100M rows vs TorchRL and cpprb",
+                   "~30 min (est.)", ("--quick",)),
     "checks": Bench("time until a 10 GB store is fully checked after open, cold and warm page cache", "~3 min",
                     ("--size-gb", "0.5", "--dir", "/tmp")),
     "archive": Bench("zarr archive size against the rows for ALE frames (Breakout, Pong, SpaceInvaders)", "~5 min",

@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,28 +102,34 @@ class _Running:
         x = np.asarray(x, np.float64)
         m = x.mean(0)
         m2 = ((x - m) ** 2).sum(0)
-        if self.mean is None:
-            if sign < 0:
-                raise ValueError("nothing to remove rows from")
-            self.n, self.mean, self.m2 = n, m, m2
-            self.lo, self.hi = x.min(0), x.max(0)
-            return
         if sign > 0:
-            total = self.n + n
-            delta = m - self.mean
-            self.mean = self.mean + delta * (n / total)
-            self.m2 = self.m2 + m2 + delta**2 * (self.n * n / total)
-            self.n = total
-            self.lo, self.hi = np.minimum(self.lo, x.min(0)), np.maximum(self.hi, x.max(0))
-        else:  # the inverse of the merge (min / max stay: rows taken out were inside them already)
-            rest = self.n - n
-            if rest <= 0:
-                self.n, self.mean, self.m2 = 0, None, None
-                return
-            mean_rest = (self.mean * self.n - m * n) / rest
-            delta = m - mean_rest
-            self.m2 = self.m2 - m2 - delta**2 * (rest * n / self.n)
-            self.mean, self.n = mean_rest, rest
+            self.merge(n, m, m2, x.min(0), x.max(0))
+            return
+        if self.mean is None:
+            raise ValueError("nothing to remove rows from")
+        # the inverse of the merge (min / max stay: rows taken out were inside them already)
+        rest = self.n - n
+        if rest <= 0:
+            self.n, self.mean, self.m2 = 0, None, None
+            return
+        mean_rest = (self.mean * self.n - m * n) / rest
+        delta = m - mean_rest
+        self.m2 = self.m2 - m2 - delta**2 * (rest * n / self.n)
+        self.mean, self.n = mean_rest, rest
+
+    def merge(self, n: int, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Fold in the moments of ``n`` rows (``stats_kernel.moments``' output, or ``add``'s)."""
+        if n == 0:
+            return
+        if self.mean is None:
+            self.n, self.mean, self.m2, self.lo, self.hi = n, mean, m2, lo, hi
+            return
+        total = self.n + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.n * n / total)
+        self.n = total
+        self.lo, self.hi = np.minimum(self.lo, lo), np.maximum(self.hi, hi)
 
     def result(self, field: str, shape: tuple[int, ...], key: str) -> FieldStats:
         if self.n == 0 or self.mean is None:
@@ -179,6 +186,10 @@ def field_stats(
 
     with naming(source):
         return _archive_stats(str(source), field, cache, chunk_rows, storage_options, progress)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _check_field(schema: Any, field: str) -> tuple[int, ...]:
@@ -273,17 +284,23 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
     store.wait_checked()  # every sealed segment counts (unchecked ones are not served yet)
     key, name = _store_key(store)
 
+    def one(k: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        from .stats_kernel import moments
+
+        keep = store.valid_transition_mask(k)
+        with store.scan_segment(k, [field]) as views:  # read ahead, the next segment asked for meanwhile
+            return moments(views[field].reshape(len(keep), -1), keep)
+
     def compute() -> FieldStats:
         run = _Running()
-        seg_ids = np.asarray(store.reader.snapshot.segment_ids, np.int64)
-        R = store.segment_records
-        for k in range(len(seg_ids)):
-            starts = np.flatnonzero(store.valid_transition_mask(k))
-            for lo in range(0, len(starts), chunk_rows):
-                ids = seg_ids[k] * R + starts[lo:lo + chunk_rows]
-                run.add(store.rows(field, ids).reshape(len(ids), -1))
-            if progress is not None:
-                progress(k + 1, len(seg_ids))
+        n = len(store.reader.snapshot.segment_ids)
+        # one segment per core at a time (the kernel runs without the GIL); merged in segment order,
+        # so the result does not depend on which thread finished first
+        with ThreadPoolExecutor(max(1, min(n, _cores()))) as pool:
+            for k, part in enumerate(pool.map(one, range(n))):
+                run.merge(*part)
+                if progress is not None:
+                    progress(k + 1, n)
         return run.result(field, shape, key)
 
     return _cached(cache, store.path, name, field, key, compute)

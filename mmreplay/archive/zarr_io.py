@@ -70,7 +70,9 @@ import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -288,26 +290,39 @@ def _open_for_export(store: ReplayStore, url: str | os.PathLike[str], storage_op
     return g
 
 
+def _table_row(job: _Job) -> np.ndarray:
+    """A segment's row of the segment table."""
+    h = job.header
+    return np.array([job.sid, h.writer_id, h.lanes, h.session_epoch, h.chain_index, h.first_seq, h.usable_records,
+                     job.rows, job.state, h.created_ns], np.int64)
+
+
 def _write(arrays: dict[str, Any], o: int, R: int, job: _Job, fields: dict[str, np.ndarray], last: np.ndarray,
-           ep: np.ndarray, first: np.ndarray, masked: np.ndarray) -> np.ndarray:
-    """Write one segment's chunks, its table row and its chunk manifest row at ordinal ``o``;
-    returns the table row."""
+           ep: np.ndarray, first: np.ndarray, masked: np.ndarray, pool: ThreadPoolExecutor) -> dict[str, int]:
+    """Write one segment's chunks at ordinal ``o`` (compressed and written at once, on ``pool``'s
+    threads); returns their crc32c by array name (``_write_table_row`` records them)."""
     sel = slice(o * R, (o + 1) * R)
     chunks = {f"fields/{name}": np.asarray(buf, arrays[f"fields/{name}"].dtype) for name, buf in fields.items()}
     chunks.update({"is_last": np.asarray(last, np.bool_), "masked": np.asarray(masked, np.bool_),
                    "is_first": np.pad(np.asarray(first, np.bool_), (0, R - job.rows)),
                    "episode": np.pad(np.asarray(ep, np.int64), (0, R - job.rows), constant_values=-1)})
-    for name, buf in chunks.items():
-        arrays[name][sel] = buf
-    h = job.header
-    trow = np.array([job.sid, h.writer_id, h.lanes, h.session_epoch, h.chain_index, h.first_seq, h.usable_records,
-                     job.rows, job.state, h.created_ns], np.int64)
+
+    def put(name: str) -> int:
+        arrays[name][sel] = chunks[name]
+        return chunk_crc(chunks[name])
+
+    order = sorted(chunks, key=lambda name: -chunks[name].nbytes)  # the largest first: the others wait for it
+    return dict(zip(order, pool.map(put, order)))
+
+
+def _write_table_row(arrays: dict[str, Any], o: int, trow: np.ndarray, crcs: dict[str, int]) -> None:
+    """Write a segment's table row and its chunk manifest row at ordinal ``o``: one segment at a
+    time (a chunk of these arrays holds many segments' rows: concurrent writes would lose one)."""
     arrays["segment_table"][o] = trow
     if CHUNKS in arrays:  # what this segment wrote: its readers tell a missing chunk from data by it
         cols = arrays[CHUNKS].attrs["columns"]
-        crcs = {**{name: chunk_crc(buf) for name, buf in chunks.items()}, "segment_table": chunk_crc(trow)}
+        crcs = {**crcs, "segment_table": chunk_crc(trow)}
         arrays[CHUNKS][o] = np.array([crcs[c] for c in cols], np.int64)
-    return trow
 
 
 def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bool, clevel: int, verify: bool,
@@ -337,37 +352,69 @@ def _export(store: ReplayStore, url: str | os.PathLike[str], *, include_open: bo
     total = sum(j.rows for j in jobs)
     done = written = nbytes = damaged = episodes_masked = 0
     cache: dict[tuple[int, int, int], LaneCarry] = {}
-    for job in jobs:
-        data = segment_rows(store, job.header, rows=job.rows, verify=verify)
-        if data is None:
-            continue  # evicted since the plan: it was never archived, so nothing refers to it
-        h, n = job.header, job.rows
-        carry = _carry(v, table, cache, h, R)
-        masked = data.masked[:n]
-        last = data.is_last.copy()
-        last[:n] = masked_last(data.is_last[:n], masked, data.done, lanes=h.lanes, carry=carry)
-        ep, first, cache[(h.writer_id, h.session_epoch, h.chain_index)] = segment_episodes(
-            last[:n], segment_id=job.sid, segment_records=R, lanes=h.lanes, chain_index=h.chain_index,
-            carry=carry, done=data.done & ~masked)
-        if masked.any():
-            damaged += int(masked.sum())
-            episodes_masked += len(np.unique(ep[masked]))
-        fields = data.fields
-        o = job.ordinal if job.ordinal >= 0 else count
-        trow = _write(arrays, o, R, job, fields, last, ep, first, data.masked)
-        nbytes += sum(b.nbytes for b in fields.values())
-        if job.ordinal < 0:
-            count, rows, table = count + 1, rows + job.rows, np.concatenate([table, trow[None]])
-        else:
-            rows += job.rows - int(table[o, COL["committed"]])
-            table[o] = trow
-        if _failpoint.ACTIVE:
-            _failpoint.hit("archive_before_commit")
-        g.attrs["committed"] = {"segments": count, "rows": rows}  # last: this segment now counts
-        written += 1
-        done += job.rows
-        if progress is not None:
-            progress(done, total)
+    # a pipeline: this thread reads, checks and splits segment i + 2 into episodes while `commit` compresses and
+    # writes segments i and i + 1 (one thread per array: blosc and the file writes run without the GIL); each
+    # segment is counted after its own chunks and after the segment before it, as a loop writing one at a time
+    # counts them
+    depth = 2
+    with ThreadPoolExecutor(depth, thread_name_prefix="mmreplay-export") as committer, \
+            ThreadPoolExecutor(len(arrays), thread_name_prefix="mmreplay-export-chunk") as chunk_pool:
+        inflight: deque[tuple[Any, int]] = deque()
+
+        def commit(o: int, job: _Job, args: tuple[Any, ...], trow: np.ndarray, extent: dict[str, int],
+                   before: Any) -> None:
+            crcs = _write(arrays, o, R, job, *args, chunk_pool)
+            if before is not None:
+                before.result()  # the segment before this one is counted first (its error stops this one)
+            _write_table_row(arrays, o, trow, crcs)
+            if _failpoint.ACTIVE:
+                _failpoint.hit("archive_before_commit")
+            g.attrs["committed"] = extent  # last: this segment now counts
+
+        def finish() -> None:
+            nonlocal written, done
+            fut, rows_done = inflight.popleft()
+            fut.result()
+            written += 1
+            done += rows_done
+            if progress is not None:
+                progress(done, total)
+
+        try:
+            for job in jobs:
+                data = segment_rows(store, job.header, rows=job.rows, verify=verify)
+                if data is None:
+                    continue  # evicted since the plan: it was never archived, so nothing refers to it
+                h, n = job.header, job.rows
+                carry = _carry(v, table, cache, h, R)
+                masked = data.masked[:n]
+                last = data.is_last.copy()
+                last[:n] = masked_last(data.is_last[:n], masked, data.done, lanes=h.lanes, carry=carry)
+                ep, first, cache[(h.writer_id, h.session_epoch, h.chain_index)] = segment_episodes(
+                    last[:n], segment_id=job.sid, segment_records=R, lanes=h.lanes, chain_index=h.chain_index,
+                    carry=carry, done=data.done & ~masked)
+                if masked.any():
+                    damaged += int(masked.sum())
+                    episodes_masked += len(np.unique(ep[masked]))
+                fields = data.fields
+                o = job.ordinal if job.ordinal >= 0 else count
+                trow = _table_row(job)
+                nbytes += sum(b.nbytes for b in fields.values())
+                if job.ordinal < 0:
+                    count, rows, table = count + 1, rows + job.rows, np.concatenate([table, trow[None]])
+                else:
+                    rows += job.rows - int(table[o, COL["committed"]])
+                    table[o] = trow
+                while len(inflight) >= depth:
+                    finish()
+                before = inflight[-1][0] if inflight else None
+                inflight.append((committer.submit(commit, o, job, (fields, last, ep, first, data.masked), trow,
+                                                  {"segments": count, "rows": rows}, before), job.rows))
+            while inflight:
+                finish()
+        finally:
+            for fut, _ in inflight:  # an error above: the segments being written are finished (or fail) first
+                fut.exception()
     resize_layout(g, store.schema, count, R)  # drop room reserved for segments evicted meanwhile
     episodes = _record_episode_ends(g, store, table[:count], {j.sid for j in jobs})
     return ArchiveReport(str(url), written, done, count, rows, nbytes, damaged, episodes_masked, episodes)

@@ -161,6 +161,14 @@ def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
         seg.close()
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+CHECK_THREADS = max(1, min(_cores(), 8))
+"""Threads of a handle's background checker (one per core, at most 8)."""
+
+
 @dataclass(slots=True)
 class CheckJob:
     name: str
@@ -185,11 +193,11 @@ class Checker:
         self._records: dict[str, Any] = {}
         self._live: dict[str, int] = {}
         self._catalog_size: tuple[int, int] = (-1, -1)  # (inode, size) of the catalog when last read
-        self._running = False
+        self._running = 0  # jobs being checked now
         self._cv = threading.Condition()
         self._queue: list[CheckJob] = []
         self._done: dict[str, tuple[tuple[int, ...] | None, np.ndarray | str]] = {}
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._closed = False
         self.checked = 0
         """Segments this handle checked by reading them."""
@@ -281,9 +289,12 @@ class Checker:
         with self._cv:
             self._queue.extend(jobs)
             self._cv.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="mmreplay-checker", daemon=True)
-                self._thread.start()
+            # one thread per core, up to the jobs waiting: the kernel runs without the GIL, so the
+            # crc32c of a 2-core machine's two segments at once keeps up with the disk
+            while len(self._threads) < min(len(self._queue), CHECK_THREADS):
+                t = threading.Thread(target=self._loop, name=f"mmreplay-checker-{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
 
     def take_done(self) -> dict[str, tuple[tuple[int, ...] | None, np.ndarray | str]]:
         with self._cv:
@@ -292,7 +303,7 @@ class Checker:
 
     def busy(self) -> bool:
         with self._cv:
-            return bool(self._queue) or self._running
+            return bool(self._queue) or self._running > 0
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the background queue is empty; False on timeout."""
@@ -307,13 +318,13 @@ class Checker:
                     return
                 job = self._queue.pop(0)
                 nxt = self._queue[0].name if self._queue else None
-                self._running = True
+                self._running += 1
             if nxt is not None:
                 self._read_ahead(nxt)  # the disk reads the next file while this one's crcs are computed
             result = self.run(job)
             with self._cv:
                 self._done[job.name] = result
-                self._running = False
+                self._running -= 1
                 self._cv.notify_all()
 
     def _read_ahead(self, name: str) -> None:
@@ -331,6 +342,6 @@ class Checker:
             self._closed = True
             self._queue.clear()
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for t in self._threads:
+            t.join()
+        self._threads = []

@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import MASKED, STAMP_DTYPE, STATE_NAMES, STATE_SEALED
+from .format import STAMP_DTYPE, STATE_NAMES, STATE_SEALED
 from .locks import held_elsewhere, writer_lock_name
 from .provenance import cut_rows, read_provenance
 from .verify import masked_rows
-from ..core.fs import MADV_DONTNEED, MADV_SEQUENTIAL
 
 if TYPE_CHECKING:
     from .files import StoreFiles
@@ -31,22 +30,13 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
     flags = "terminated" in store.schema and "truncated" in store.schema
     runs = read_provenance(store.path)
     cuts = np.fromiter(cut_rows(runs), np.int64)
-    size = store.layout.file_size
-    for k, m in enumerate(segs):
-        # counting reads every record's flags: the whole segment, in order. Read-ahead for the
-        # scan (the window is MADV_RANDOM for sampling), then back to the sampling hint and no
-        # page left mapped (a store larger than RAM must not end up in this process's RSS).
-        mapped = m.header.segment_id not in r.pinned  # a RAM copy (tiers.py) is left alone
-        if mapped:
-            r.region.advise(m.window, size, MADV_SEQUENTIAL)
-        valid, blocked = _transition_starts(r, k)
-        transitions += int(valid.sum())
-        left_out += int(blocked.sum())
-        if flags:
-            _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
-        if mapped:
-            r.region.advise(m.window, size, MADV_DONTNEED)
-            r.advise(m)
+    for k in range(len(segs)):
+        with r.scanning(k, ahead=k + 1):  # every record's flags, in order: read ahead, no page left mapped
+            valid, blocked = r.segment_starts(k)
+            transitions += int(valid.sum())
+            left_out += int(blocked.sum())
+            if flags:
+                _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
     disk, files = disk_usage(store.path)
     catalog = store.catalog.read()  # read once: evictions by reason and lost segments
     writers = sorted({m.header.writer_id for m in segs})
@@ -110,17 +100,6 @@ def episode_ends(store: StoreFiles, r: StoreReader, segment_ids: set[int] | None
     return out
 
 
-def _transition_starts(r: StoreReader, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Which committed rows of snapshot segment ``k`` start a one-step transition, and which would
-    but for their next row being masked (a damaged row: the transition is left out)."""
-    slot = np.arange(int(r.snapshot.committed[k]))
-    kk = np.full_like(slot, k)
-    ok, nk, ns = r.successors(kk, slot)
-    ok &= r.flag_bytes(kk, slot) == 0
-    nxt = r.flag_bytes(nk, ns)
-    return ok & (nxt != MASKED), ok & (nxt == MASKED)
-
-
 def _finished(store: StoreFiles, r: StoreReader, k: int) -> bool:
     """Snapshot segment ``k`` is the last with rows its session will write: its successors (a
     segment made ahead of need) hold no row, and its writer is gone (the segment sealed, or its
@@ -149,7 +128,8 @@ def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.n
     export keeps it."""
     snap = r.snapshot
     w, n = int(snap.windows[k]), int(snap.committed[k])
-    here_last = r.is_last[w, :n] != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
+    flags, _, nxt = r.segment_flags(k)
+    here_last = flags != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
     term = r.columns["terminated"][w, :n] & ~here_last
     trunc = r.columns["truncated"][w, :n] & ~here_last & ~term
     open_tail = np.zeros(n, np.bool_)
@@ -158,14 +138,13 @@ def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.n
         open_tail[tail] = ~here_last[tail]  # a step with no row after it: its episode is incomplete
         term, trunc = term & ~open_tail, trunc & ~open_tail
     ends["terminated"] += int(term.sum())
-    cut = trunc & np.isin(int(snap.segment_ids[k]) * r.R + np.arange(n), cuts) if len(cuts) else np.zeros(n, bool)
+    base = int(snap.segment_ids[k]) * r.R
+    here = cuts[(cuts >= base) & (cuts < base + n)] - base  # the cut steps of this segment (a few per run)
+    cut = np.zeros(n, np.bool_)
+    cut[here] = trunc[here]
     ends["cut"] += int(cut.sum())
     ends["truncated"] += int((trunc & ~cut).sum())
-    slot = np.arange(n)
-    ok, k2, s2 = r.successors(np.full_like(slot, k), slot)
-    next_last = np.zeros(n, np.bool_)
-    next_last[ok] = r.is_last[snap.windows[k2[ok]], s2[ok]] == 1
-    ends["incomplete"] += int((next_last & ~here_last & ~term & ~trunc).sum()) + int(open_tail.sum())
+    ends["incomplete"] += int(((nxt == 1) & ~here_last & ~term & ~trunc).sum()) + int(open_tail.sum())
 
 
 def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:

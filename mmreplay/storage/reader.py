@@ -32,6 +32,7 @@ Global row ids are ``segment_id * segment_records + slot``: stable for the life 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -43,7 +44,8 @@ import numpy as np
 
 from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS, STATE_SEALED, Header, Layout,
                      kernel, read_control, seq_matches)
-from ..core.fs import HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_WILLNEED, AddressRegion
+from ..core.fs import (HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED,
+                       AddressRegion)
 from ..core.errors import CorruptSegmentError
 from .locks import held_elsewhere, writer_lock_name
 from .segment import never_held_rows, parse_segment_name, read_segment_meta
@@ -53,6 +55,7 @@ from .snapshot import (SEG_BASE, SEG_COLS, SEG_COMMITTED, SEG_CUM_END, SEG_FIRST
                     SEG_SUCC, SEG_USABLE, PRED_GONE, Snapshot, index_draws, recount)
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -293,6 +296,37 @@ class StoreReader:
         if first and m.committed:
             lo, hi = self.layout.records_span(0, m.committed)
             self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
+
+    @contextlib.contextmanager
+    def scanning(self, k: int, ahead: int | None = None) -> Iterator[None]:
+        """One pass over snapshot segment ``k``'s committed rows, in order: read ahead
+        (``MADV_SEQUENTIAL`` and ``MADV_WILLNEED``; the window is ``MADV_RANDOM`` for sampling)
+        for the pass, and snapshot segment ``ahead``'s rows asked for meanwhile, so the disk
+        reads the next segment while this one is worked on; afterwards the sampling hint is back
+        and no page of it stays mapped in this process (the page cache keeps them: a store larger
+        than RAM must not end up in the RSS of a whole-store pass). RAM copies and patched
+        windows are left as they are."""
+        s, size = self.snapshot, self.layout.file_size
+        m = self.segments[int(s.segment_ids[k])]
+        plain = m.header.segment_id not in self.pinned and m.patch is None
+        if plain:
+            lo, hi = self.layout.records_span(0, int(s.committed[k]))
+            self.region.advise(m.window, size, MADV_SEQUENTIAL)
+            self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
+        if ahead is not None and 0 <= ahead < len(s.segment_ids):
+            lo, hi = self.layout.records_span(0, int(s.committed[ahead]))
+            self.region.advise(int(s.windows[ahead]), hi - lo, MADV_WILLNEED, offset=lo)
+        try:
+            yield
+        finally:
+            if plain:
+                self.region.advise(m.window, size, MADV_DONTNEED)
+                self.advise(m)
+
+    def column(self, name: str, k: int) -> np.ndarray:
+        """Field ``name`` over snapshot segment ``k``'s committed rows: a view of the mapping (no
+        copy; masked rows read as zeros), valid until the next refresh."""
+        return self.columns[name][int(self.snapshot.windows[k]), : int(self.snapshot.committed[k])]
 
     # -- refresh --------------------------------------------------------------------------
     def refresh(self, *, scan: bool = True, checks: bool = True) -> None:
@@ -548,6 +582,32 @@ class StoreReader:
         ok &= self.flag_bytes(k, slot) == 0
         ok &= self.flag_bytes(nk, ns) != MASKED
         return ok, nk, ns
+
+    def segment_flags(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(flags, has_next, next_flags)`` over snapshot segment ``k``'s committed rows: their
+        ``is_last`` bytes (a copy), whether the lane's next row is written, and its byte (0 where
+        there is none). Slices for the rows whose next row is in the segment, ``successors`` for
+        each lane's last row only: no gather over the whole segment."""
+        s = self.snapshot
+        n, lanes = int(s.committed[k]), int(s.lanes[k])
+        flags = np.array(self.is_last[int(s.windows[k]), :n])
+        inner = max(n - lanes, 0)
+        has = np.ones(n, np.bool_)
+        nxt = np.empty(n, np.uint8)
+        nxt[:inner] = flags[lanes:]
+        tail = np.arange(inner, n)
+        ok, nk, ns = self.successors(np.full_like(tail, k), tail)
+        has[inner:] = ok
+        nxt[inner:] = np.where(ok, self.flag_bytes(nk, ns), 0)
+        return flags, has, nxt
+
+    def segment_starts(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(valid, blocked)`` over snapshot segment ``k``'s committed rows: the rows that start a
+        one-step transition (``transition_starts``), and those that would but for their next row
+        being masked."""
+        flags, has, nxt = self.segment_flags(k)
+        ok = (flags == 0) & has
+        return ok & (nxt != MASKED), ok & (nxt == MASKED)
 
     def gather(self, name: str, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Rows ``slot`` of segments ``k`` of field ``name`` (a copy)."""

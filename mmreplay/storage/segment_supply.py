@@ -92,6 +92,7 @@ class SegmentSupply:
         """Told a sealed segment's name and slots when its check at seal finds rows changed since written."""
         self._bad: dict[str, Any] = {}  # the check at seal of each segment closed and not catalogued yet
         self._volatile: list[tuple[Any, int]] = []  # (path, rows) of sealed segments closed without a sync
+        self._unchecked: list[tuple[Any, int]] = []  # (path, rows) of segments catalogued without a check at seal
         self.writer_id = writer_id
         self.lanes = lanes  # lanes of each segment
         self.usable = usable
@@ -289,7 +290,9 @@ class SegmentSupply:
             except OSError:  # evicted already: nothing to catalogue
                 continue
             rows[name] = seg.control.committed
-            if bad is not None and len(bad):
+            if bad is None:
+                self._unchecked.append((seg.path, seg.control.committed))
+            elif len(bad):
                 damaged[name] = (ident, bad)
             elif bad is not None:
                 idents[name] = ident
@@ -346,10 +349,41 @@ class SegmentSupply:
                 self._syncer.shutdown(wait=True)
             self.wait()
             self.files.doomed.reap()
+            self._check_unchecked()
         finally:
             self.drop_spares()
             if self._faulter is not None:
                 self._faulter.shutdown(wait=True)
+
+    def _check_unchecked(self) -> None:
+        """At close: the segments this writer catalogued without a check at seal (numba was not loaded
+        in its process), when they hold more than ``SYNC_CHECK_BYTES``, are checked now, one per core,
+        while their pages are still cached, and the checks are catalogued: else every read-only open
+        (which records nothing) checks them again, and a big store's ``open_store(mode="r")`` spends
+        its first seconds or minutes reading the whole store. Fewer rows are left to the first reader
+        (milliseconds)."""
+        from .checks import CHECK_THREADS, SYNC_CHECK_BYTES, check_file, to_ranges
+        from ..core.errors import CorruptSegmentError
+
+        todo, self._unchecked = self._unchecked, []
+        if sum(rows for _, rows in todo) * self.files.layout.record_bytes <= SYNC_CHECK_BYTES:
+            return
+        f = self.files
+
+        def one(item: tuple[Any, int]) -> None:
+            path, rows = item
+            try:
+                ident, bad = check_file(path, f.layout, f.store_uuid, f.schema.hash, rows)
+                f.catalog.checked(path.name, ident, to_ranges(bad))
+            except (CorruptSegmentError, OSError):  # evicted, or the catalog cannot be written: left to readers
+                return
+            if len(bad):
+                log.warning("%s: %d row(s) changed in the file after this writer wrote them (they fail their "
+                            "checksums); masked: left out of every batch (`mmreplay verify` lists them)",
+                            path, len(bad))
+
+        with ThreadPoolExecutor(min(CHECK_THREADS, len(todo)), thread_name_prefix="mmreplay-close-check") as pool:
+            list(pool.map(one, todo))
 
     def drop_spares(self) -> None:
         """Delete the segments made ahead of need (the next roll then makes one on the spot)."""

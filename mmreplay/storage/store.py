@@ -17,12 +17,13 @@ Invariants kept here:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 import uuid
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -347,8 +348,26 @@ class ReplayStore:
 
     def valid_transition_mask(self, k: int) -> np.ndarray:
         """Which committed rows of snapshot segment ``k`` start a sampleable transition."""
-        slot = np.arange(int(self.reader.snapshot.committed[k]))
-        return self.reader.transition_starts(np.full_like(slot, k), slot)[0]
+        return self.reader.segment_starts(k)[0]
+
+    @contextlib.contextmanager
+    def scan_segment(self, k: int, fields: Iterable[str] = ()) -> Iterator[dict[str, np.ndarray]]:
+        """Views (no copy) of ``fields`` over snapshot segment ``k``'s committed rows, for one pass
+        over a whole segment (statistics, exports): the segment is read ahead sequentially while
+        the block runs, and the next snapshot segment is asked for meanwhile; afterwards no page of
+        it stays mapped in this process (the page cache keeps them), so a pass over a store larger
+        than RAM does not grow the process. The views are read-only and valid inside the block
+        only; masked rows read as zeros (``valid_transition_mask`` leaves them out)."""
+        self._check()
+        with self.reader.scanning(k, ahead=k + 1):
+            views = {}
+            for name in fields:
+                if name not in self.reader.columns:
+                    raise KeyError(f"{name!r} is not a field of this store (fields: {self.schema.names})")
+                v = self.reader.column(name, k)
+                v.flags.writeable = False
+                views[name] = v
+            yield views
 
     def refresh_if_stale(self, interval_s: float) -> None:
         """Refresh when the last directory scan is older than ``interval_s`` or a writer of this

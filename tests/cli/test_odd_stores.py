@@ -247,7 +247,7 @@ def _commands(store: Path, tmp: Path) -> list[tuple[str, Callable[[int], list[st
         ("train", lambda k: ["train", "--offline", "--store", s, "--algo", "bc", "--steps", "3", "--eval-episodes",
                              "0", "--hidden", "8", "--batch-size", "8", "--run-dir", str(tmp / f"run{k}"), "-q",
                              "--no-tensorboard", "--device", "cpu", "--no-loader"]),
-        ("collect", lambda k: ["collect", "CartPole-v1", "--store", s, "--steps", "50", "--workers", "0",
+        ("collect", lambda k: ["collect", "CartPole-v1", "--store", s, "--steps", "50", "--seed", "0", "--workers", "0",
                                "--no-progress"]),
     ]
 
