@@ -17,6 +17,7 @@ import click
 import mmreplay
 
 from ._errors import friendly
+from ._progress import _PROGRESS, _progress
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -139,8 +140,9 @@ def _one_line(text: str) -> str:
 @click.option("--repair", is_flag=True, help="Recover dead writers' segments, write back damaged stamps and control "
               "slots, mask damaged rows (the good rows of their segments are kept) and quarantine segments whose "
               "header is damaged. Never removes a file that holds a row; exits 1 if rows are lost or quarantined.")
+@_PROGRESS
 @friendly
-def verify(path: str, fast: bool, repair: bool) -> None:
+def verify(path: str, fast: bool, repair: bool, progress: bool | None) -> None:
     """Check headers, control slots, stamps and checksums of every segment; exit 1 if anything is wrong.
 
     PATH may also be an archive (a zarr group `mmreplay export` wrote, a path or URL): every chunk
@@ -177,7 +179,8 @@ def verify(path: str, fast: bool, repair: bool) -> None:
                 click.echo(f"repair: {rep.rows_masked:,} row(s) masked, {rep.rows_quarantined:,} quarantined, "
                            f"{rep.rows_lost:,} lost")
         else:
-            problems = store.verify(fast=fast, notes=notes)
+            with _progress(progress, "segment") as cb:
+                problems = store.verify(fast=fast, notes=notes, progress=cb)
         masked = store.masked_rows()
     for n in notes:
         click.echo(f"note: {n}")

@@ -346,11 +346,14 @@ class Verifier:
                 return None, f"its chunk of {name} does not match what the export wrote (missing or damaged)"
         return a, ""
 
-    def segment(self, o: int, names: list[str]) -> tuple[dict[str, np.ndarray], str]:
-        """Every array of ``names`` for segment ``o`` (whole chunks), or ``({}, why)`` at the first bad one."""
+    def segment(self, o: int, names: list[str], pool: Any = None) -> tuple[dict[str, np.ndarray], str]:
+        """Every array of ``names`` for segment ``o`` (whole chunks), or ``({}, why)`` at the first bad one
+        (in ``names`` order). ``pool``: an executor that reads and decodes the chunks at once (blosc and
+        the reads run without the GIL)."""
+        got = pool.map(lambda name: self.chunk(name, o), names) if pool is not None else (
+            self.chunk(name, o) for name in names)
         out = {}
-        for name in names:
-            a, why = self.chunk(name, o)
+        for name, (a, why) in zip(names, got):
             if a is None:
                 return {}, why
             out[name] = a

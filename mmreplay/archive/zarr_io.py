@@ -486,6 +486,10 @@ def _import(url: str | os.PathLike[str], path: str | os.PathLike[str], *, max_ro
     good = [o for o in range(count) if o not in skipped]
     store = _target_store(Path(path), meta, url)
     masked: dict[int, tuple[int, str]] = {}
+    # the next two segments' chunks are read, decoded and checked (each array on its own thread: blosc and the
+    # reads run without the GIL) while this thread writes one into the store
+    chunk_pool = ThreadPoolExecutor(8, thread_name_prefix="mmreplay-import-chunk")
+    ahead_pool = ThreadPoolExecutor(2, thread_name_prefix="mmreplay-import")
     try:
         with Ingest(store, exclusive=True, claim=False) as ing:
             todo, have = _import_plan(ing, store, table, max_rows, good)
@@ -493,10 +497,13 @@ def _import(url: str | os.PathLike[str], path: str | os.PathLike[str], *, max_ro
             done = 0
             names = [*(f"fields/{f.name}" for f in store.schema.fields), "is_last", "episode",
                      *(["masked"] if "masked" in g else [])]  # (before that array: masked rows had episode -1)
-            for o in todo:
+            ahead: deque[Any] = deque(ahead_pool.submit(v.segment, o, names, chunk_pool) for o in todo[:2])
+            for i, o in enumerate(todo):
                 row = table[o]
                 n = int(row[COL["committed"]])
-                data, why = v.segment(o, names)
+                data, why = ahead.popleft().result()
+                if i + 2 < len(todo):
+                    ahead.append(ahead_pool.submit(v.segment, todo[i + 2], names, chunk_pool))
                 if not why and "masked" not in data:
                     data["masked"] = np.asarray(data["episode"], np.int64) == -1
                 if why:  # a missing or damaged chunk: the segment's rows are not data; all masked, the rest goes on
@@ -521,6 +528,8 @@ def _import(url: str | os.PathLike[str], path: str | os.PathLike[str], *, max_ro
                             int(sum(table[o, COL["committed"]] for o in _selected(table, max_rows, good))),
                             masked, skipped)
     finally:
+        ahead_pool.shutdown(wait=True, cancel_futures=True)
+        chunk_pool.shutdown(wait=True, cancel_futures=True)
         store.close()
 
 

@@ -56,6 +56,7 @@ from .catalog import CatalogState, short_list
 from .checks import Checker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from .writer import Durability, Writer
 
 log = logging.getLogger(__name__)
@@ -424,17 +425,19 @@ class ReplayStore:
             return flags == 1
         return self.reader.gather(name, k, slot)
 
-    def verify(self, *, fast: bool = False, notes: list[Any] | None = None) -> list[Any]:
+    def verify(self, *, fast: bool = False, notes: list[Any] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> list[Any]:
         """Check every segment's header, control slots, stamps and checksums; returns the problems
         found (``mmreplay.storage.verify.Problem``: file, slot, reason; an empty list means clean).
         ``fast``: a sealed segment's stamp column is compared with its seal, its payload is not
         read. Findings that cost nothing (leftovers the next writable open finishes, a damaged
-        control slot whose twin holds the count) are appended to ``notes`` when given. Writes
-        nothing, takes no locks."""
+        control slot whose twin holds the count) are appended to ``notes`` when given.
+        ``progress(done, total)`` is called as segment files are checked (one per core at a time).
+        Writes nothing, takes no locks."""
         from .verify import verify_store
 
         self._check()
-        return verify_store(self.files, fast=fast, notes=notes, writable=self.mode == "a")
+        return verify_store(self.files, fast=fast, notes=notes, writable=self.mode == "a", progress=progress)
 
     def masked_rows(self) -> int:
         """Damaged rows a repair masked (in files unchanged since): left out of every batch."""

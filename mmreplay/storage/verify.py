@@ -49,6 +49,7 @@ from .manifest import MANIFEST, load_manifest, restore_manifest
 from .recovery import RENAMING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from .catalog import CatalogState
     from .files import StoreFiles
     from .recovery import RecoveryReport
@@ -100,10 +101,11 @@ class RepairReport:
 
 
 def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] | None = None,
-                 writable: bool = False) -> list[Problem]:
+                 writable: bool = False, progress: Callable[[int, int], None] | None = None) -> list[Problem]:
     """Every problem found in the store's segment files (an empty list means clean); findings that
     cost nothing are appended to ``notes`` when given. ``writable``: the caller may take locks
-    (a dead writer's open segment is then reported as needing recovery)."""
+    (a dead writer's open segment is then reported as needing recovery). ``progress(done, total)``
+    is called as segment files are checked."""
     problems: list[Problem] = []
     notes = notes if notes is not None else []
     state = store.catalog.read() if store.catalog.path.exists() else None
@@ -153,9 +155,11 @@ def verify_store(store: StoreFiles, *, fast: bool = False, notes: list[Problem] 
     # the findings are put back where a loop over the files in name order puts them
     found: list[tuple[int, int, list[Problem], list[Problem]]] = []
     with ThreadPoolExecutor(max(1, min(len(todo), CHECK_THREADS))) as pool:
-        for (at, note_at, _, _), (own, own_notes, own_headers) in zip(todo, pool.map(one, todo)):
+        for i, ((at, note_at, _, _), (own, own_notes, own_headers)) in enumerate(zip(todo, pool.map(one, todo))):
             found.append((at, note_at, own, own_notes))
             headers.extend(own_headers)
+            if progress is not None:
+                progress(i + 1, len(todo))
     for at, note_at, own, own_notes in reversed(found):  # later insertion points first: earlier ones hold
         problems[at:at] = own
         notes[note_at:note_at] = own_notes

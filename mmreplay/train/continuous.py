@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -362,18 +363,28 @@ def make_learner(cfg: TrainConfig, store: ReplayStore, eval_env: str | None, dev
     for name in schema.obs_names:
         if cfg.normalize_obs:
             bar: Any = None
+            told = False
 
             def progress(done: int, total: int, name: str = name) -> None:  # a bar while a large store is read
-                nonlocal bar
-                if bar is None:
+                nonlocal bar, told
+                if not told:  # called only when computed, not when cached
+                    told = True
+                    log.info("computing the statistics of %s (mean, std) over the store's transitions: one pass "
+                             "over its %d segment(s), cached for later runs", name, total)
+                if bar is None and show:
                     from tqdm import tqdm
 
                     bar = tqdm(total=total, unit="segment", desc=f"statistics of {name}", file=sys.stderr, leave=False)
-                bar.update(done - bar.n)
+                if bar is not None:
+                    bar.update(done - bar.n)
 
-            st = field_stats(store, name, progress=progress if show else None)
+            t0 = time.perf_counter()
+            st = field_stats(store, name, progress=progress)
             if bar is not None:
                 bar.close()
+            if time.perf_counter() - t0 > 1.0:  # computed (a cached result takes milliseconds): say what took the time
+                log.info("statistics of %s over %d transitions computed in %.1f s (cached for later runs: "
+                         "mmreplay.field_stats)", name, st.count, time.perf_counter() - t0)
             means.append(st.mean.ravel())
             stds.append(st.std.ravel() + OBS_STD_EPS)
         else:
