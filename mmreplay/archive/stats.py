@@ -287,8 +287,8 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
     def one(k: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         from .stats_kernel import moments
 
-        keep = store.valid_transition_mask(k)
         with store.scan_segment(k, [field]) as views:  # read ahead, the next segment asked for meanwhile
+            keep = store.valid_transition_mask(k)  # (inside: its flag bytes are on every page of the segment)
             return moments(views[field].reshape(len(keep), -1), keep)
 
     def compute() -> FieldStats:

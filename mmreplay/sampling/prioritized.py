@@ -33,6 +33,7 @@ Storage tiers (``tiers.py``, options as for ``UniformSampler``):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from typing import TYPE_CHECKING
@@ -43,6 +44,9 @@ from ..core.fs import atomic_write
 from ..core.errors import EmptyStoreError
 from .gather import Once, assemble, check_batch_size, kernels
 from .uniform import Mode, TransitionSampler
+
+_SCAN_ROWS = 4096
+"""Rows entering at once from which ``_enter`` reads their segment in order (read-ahead)."""
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -157,14 +161,18 @@ class PrioritizedSampler(TransitionSampler):
         if hi <= lo:
             return
         slot = np.arange(lo, hi)
-        if self.windowed:
-            valid_starts = self._k.valid_starts
-            reader = self.store.reader
-            flags, rew = self._window_consts()
-            ok = valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags, rew,
-                              self.n_step, self.gamma, self.frame_stack, np.full(len(slot), k), slot)
-        else:
-            ok, _, _ = self.store.reader.transition_starts(np.full(len(slot), k), slot)
+        reader = self.store.reader
+        # a whole segment (a new sampler, a segment sealed or seen for the first time) is read in order, with
+        # read-ahead, not a page fault per 4 KiB of flags (~90 MB/s from a cold cache); a few new rows are not
+        with reader.scanning(k, ahead=k + 1) if hi - lo >= _SCAN_ROWS else contextlib.nullcontext():
+            if self.windowed:
+                flags, rew = self._window_consts()
+                ok = self._k.valid_starts(reader.segment_table(), reader.bytes, self.store.layout.record_bytes, flags,
+                                          rew, self.n_step, self.gamma, self.frame_stack, np.full(len(slot), k), slot)
+            elif lo == 0 and hi == int(reader.snapshot.committed[k]):
+                ok = reader.segment_starts(k)[0]  # slices of the flag bytes, no gather
+            else:
+                ok, _, _ = reader.transition_starts(np.full(len(slot), k), slot)
         parked = self._parked.get(int(self.store.reader.snapshot.segment_ids[k]))
         if parked is not None:  # windowed, outside the resident set: its parked leaves
             s = slot[ok]

@@ -95,7 +95,8 @@ def episode_ends(store: StoreFiles, r: StoreReader, segment_ids: set[int] | None
         if segment_ids is not None and sid not in segment_ids:
             continue
         ends = {"terminated": 0, "truncated": 0, "cut": 0, "incomplete": 0}
-        _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
+        with r.scanning(k, ahead=k + 1):  # every record's flags: read in order, not a fault per page
+            _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
         out[int(sid)] = ends
     return out
 

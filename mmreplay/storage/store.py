@@ -400,8 +400,10 @@ class ReplayStore:
         self._check()
         self.sync_local()
         s = self.reader.snapshot
-        out = [s.segment_ids[k] * self.segment_records + np.flatnonzero(self.valid_transition_mask(k))
-               for k in range(len(s.segment_ids))]
+        out = []
+        for k in range(len(s.segment_ids)):
+            with self.reader.scanning(k, ahead=k + 1):  # every record's flags: in order, with read-ahead
+                out.append(s.segment_ids[k] * self.segment_records + np.flatnonzero(self.valid_transition_mask(k)))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def transitions(self, ids: np.ndarray) -> Any:
