@@ -116,7 +116,7 @@ class SequenceSampler:
         batch_size = check_batch_size(batch_size)
         if self.refresh_interval_s is not None:
             self.store.refresh_if_stale(self.refresh_interval_s)
-        if self.store.reader.snapshot.total_rows == 0:
+        if self.store.reader.snapshot.total_rows == 0 and not self.store.wait_for_rows():  # (a copy being checked)
             raise EmptyStoreError(f"{self.store.path} has no committed rows to sample from")
         return self._gather(batch_size, _Drawn(self._state, self.store.reader.segment_table()))
 

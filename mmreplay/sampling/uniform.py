@@ -285,6 +285,8 @@ class TransitionSampler:
     def _maybe_refresh(self) -> None:
         if self.refresh_interval_s is not None:
             self.store.refresh_if_stale(self.refresh_interval_s)
+        if self.store.reader.snapshot.total_rows == 0:
+            self.store.wait_for_rows()  # a copied store being checked: its first rows, not an empty store
 
     def _plan(self, batch_size: int) -> TransitionPlan:
         """The one-step gather plan for ``batch_size`` (cached)."""

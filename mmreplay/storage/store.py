@@ -333,6 +333,23 @@ class ReplayStore:
         self._check()
         return self.reader.check_counts()
 
+    def wait_for_rows(self, timeout: float | None = None) -> bool:
+        """When no row is served yet but sealed segments wait for their first check (a store copied
+        or built elsewhere, opened read-only: larger ones are checked in the background), wait until
+        the checks serve some: a sampler's first batch waits here instead of finding the store
+        empty. True once rows are served; False when none will be (no check pending) or on timeout."""
+        self._check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.reader.snapshot.total_rows == 0:
+            if not self.reader.check_counts()["unchecked_segments"] or self.reader.checker is None:
+                return False
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self.reader.checker.wait(0.05 if left is None else min(left, 0.05))
+            self.refresh()
+        return True
+
     def wait_checked(self, timeout: float | None = None) -> bool:
         """Wait until every sealed segment seen so far is checked and served; False on timeout."""
         self._check()

@@ -153,3 +153,32 @@ s.close()
 """
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_a_single_lane_writer_checks_at_close_what_it_sealed_unchecked(tmp_path):
+    """Without numba loaded a single-lane writer seals unchecked; at close it checks them (when they hold
+    more than the at-open check reads: 0 bytes here) so that read-only opens need not check them each time."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import numpy as np
+import mmreplay
+from mmreplay.storage import checks
+checks.SYNC_CHECK_BYTES = 0
+s = mmreplay.create_store(sys.argv[1], mmreplay.Schema.transition(obs_shape=(4,)), capacity=1000, segment_records=64)
+with s.writer(lanes=1) as w:
+    for t in range(200):
+        w.add(obs=np.full((1, 4), t, np.float32), action=np.zeros(1, np.int64), reward=np.zeros(1, np.float32),
+              terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
+        if t == 150:
+            assert "numba" not in sys.modules, "a single-lane writer loads numba before its close"
+s.close()
+with mmreplay.open_store(sys.argv[1], mode="r", check_at_open=False) as r:
+    r.refresh()
+    c = r.check_counts()
+    assert c["unchecked_segments"] == 0 and c["checked_segments"] == 0 and r.num_rows == 200, c
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]

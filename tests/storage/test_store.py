@@ -191,6 +191,31 @@ def test_empty_store_sampling_raises(store):
         UniformSampler(store).sample(4)
 
 
+def test_a_sampler_waits_for_the_first_rows_of_a_store_being_checked(tmp_path, schema, monkeypatch):
+    """A copied store (every file a new identity) larger than the at-open check is checked in the
+    background: a sampler's first batch waits for the first checked rows instead of finding it empty."""
+    import time
+
+    from mmreplay.storage import checks, reader
+
+    path = tmp_path / "s"
+    with mmreplay.create_store(path, schema, capacity=10_000, segment_records=64) as st, st.writer() as w:
+        for t in range(300):
+            w.add(**step(1, t, term=[t % 50 == 49]))
+    for f in (path / "segments").iterdir():
+        os.utime(f)  # as a copy does: no check recorded applies
+    monkeypatch.setattr(reader, "SYNC_CHECK_BYTES", 0)  # (as for a store of more than 64 MiB)
+    real = checks.check_file
+    monkeypatch.setattr(checks, "check_file", lambda *a: (time.sleep(0.2), real(*a))[1])
+    with mmreplay.open_store(path, mode="r") as st:
+        assert st.reader.snapshot.total_rows == 0 and st.check_counts()["unchecked_segments"] == 5
+        assert len(UniformSampler(st, seed=0).sample(8).ids) == 8
+        assert mmreplay.SequenceSampler(st, length=4, seed=0).sample(4).mask.all()
+        assert st.wait_for_rows()
+    with mmreplay.create_store(tmp_path / "empty", schema) as st:
+        assert not st.wait_for_rows(timeout=0.1)  # nothing pending: no wait, and it says so
+
+
 def test_uniform_sampler_is_seeded_and_uniform(store):
     with store.writer(lanes=4) as w:
         for t in range(50):
