@@ -218,6 +218,7 @@ def msync(mm: mmap.mmap, offset: int, length: int, fd: int | None = None) -> Non
 
 # madvise(2) advice values (Linux)
 MADV_NORMAL, MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 0, 1, 2, 3, 4
+MADV_POPULATE_READ = 22  # Linux >= 5.14 (an older kernel refuses it: nothing is mapped ahead)
 MADV_HUGEPAGE = 14
 HUGE_PAGE = 2 << 20  # x86-64 / arm64 (4 KB pages) PMD size: a transparent huge page
 _libc.mremap.restype = ctypes.c_void_p

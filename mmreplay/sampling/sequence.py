@@ -71,6 +71,7 @@ class SequenceSampler:
         self._fields1 = np.array(rows, np.int64).reshape(-1, 3)
         self._row_bytes = off
         self._is_last_off = lay.column("is_last").offset - lay.records_offset
+        store.map_pages(background=True)  # a store that fits in RAM: its first batches take no page faults
 
     def _gather(self, batch_size: int, candidates: Source) -> SequenceBatch:
         gather_sequences = kernels().gather_sequences

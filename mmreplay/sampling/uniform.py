@@ -112,6 +112,8 @@ class TransitionSampler:
             self._resident.edge_rows = (self.frame_stack - 1, self.n_step)
             self._guard = RssGuard(self.store, _WINDOWED_MAPPED_BYTES, every=16)  # few pages a batch
         else:
+            if cache_bytes is None:  # a store that fits in RAM is mapped ahead: its first batches take no faults
+                self.store.map_pages(background=True)
             if prefetch_batches:
                 self._fetcher = PageFetcher(self.store, self.frame_stack - 1, self.n_step)
                 self._ahead = DrawAhead(self.store, self._state, self._span, prefetch_batches, self._fetcher)

@@ -191,6 +191,11 @@ def tier_summary(reader: StoreReader, layout: Layout) -> dict[str, Any]:
     }
 
 
+def mem_available() -> int:
+    """The RAM available to new work (``MemAvailable``; 0 where /proc/meminfo says nothing)."""
+    return _meminfo().get("MemAvailable", 0)
+
+
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
     try:

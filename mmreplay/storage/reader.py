@@ -44,8 +44,8 @@ import numpy as np
 
 from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS, STATE_SEALED, Header, Layout,
                      kernel, read_control, seq_matches)
-from ..core.fs import (HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED,
-                       AddressRegion)
+from ..core.fs import (HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_POPULATE_READ, MADV_RANDOM, MADV_SEQUENTIAL,
+                       MADV_WILLNEED, AddressRegion)
 from ..core.errors import CorruptSegmentError
 from .locks import held_elsewhere, writer_lock_name
 from .segment import never_held_rows, parse_segment_name, read_segment_meta
@@ -123,6 +123,7 @@ class StoreReader:
         self.pin_owner: object | None = None  # the one resident set allowed to pin (tiers.py)
         self._unstarted = False  # a segment waits for a check not started yet
         self._lock = threading.RLock()  # window changes: map, release, pin, unpin, unmap_pages
+        self._mapper: threading.Thread | None = None  # map_ahead's thread
 
     # -- mapping --------------------------------------------------------------------------
     def _build_views(self) -> None:
@@ -525,6 +526,34 @@ class StoreReader:
             for m in self.segments.values():
                 if m.window not in pinned and m.patch is None:  # DONTNEED would drop a patch's pages
                     self.region.advise(m.window, size, MADV_DONTNEED)
+
+    def map_pages(self) -> int:
+        """Map every committed row of the snapshot's segments into this process's page tables at
+        once (``MADV_POPULATE_READ``; the page cache supplies the pages, the disk what it lacks):
+        the inverse of ``unmap_pages``. One segment at a time under the window lock (a close or
+        an eviction meanwhile stops or skips it); RAM copies are left alone. Returns the bytes
+        asked for."""
+        total = 0
+        for sid in self.snapshot.segment_ids.tolist():
+            with self._lock:
+                m = self.segments.get(int(sid))
+                if self.region.closed:
+                    break
+                if m is None or m.header.segment_id in self.pinned:
+                    continue
+                _, hi = self.layout.records_span(0, m.committed)
+                self.region.advise(m.window, hi, MADV_POPULATE_READ)
+                total += hi
+        return total
+
+    def map_ahead(self) -> bool:
+        """``map_pages`` in a daemon thread, once per reader; False if it was started before."""
+        with self._lock:
+            if self._mapper is not None or self.region.closed:
+                return False
+            self._mapper = threading.Thread(target=self.map_pages, name="mmreplay-map-pages", daemon=True)
+            self._mapper.start()
+        return True
 
     # -- row addressing -------------------------------------------------------------------
     def visible(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

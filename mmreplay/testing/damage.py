@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -515,3 +515,40 @@ def test_large_segments_get_huge_page_copies(tmp_path):
     assert kinds[0] == (0, True) and all(not f for off, f in kinds[1:] if off >= size)
     np.testing.assert_array_equal(s.transitions(b.ids).obs, b.obs)
     s.close()
+
+
+def test_map_pages_maps_a_store_that_fits_at_once_and_samplers_do_it_in_the_background(tmp_path, monkeypatch):
+    """``map_pages()`` maps every served row (its first batches then take no page fault);
+    an exact-mode sampler without ``cache_bytes`` starts it in the background, once per handle,
+    for a store of at least ``MAP_AHEAD_MIN_BYTES`` (0 here); one with ``cache_bytes`` does not."""
+    from mmreplay.storage import store as store_mod
+
+    schema = mmreplay.Schema.transition(obs_shape=(1024,), obs_dtype=np.float32)  # 4 KiB rows
+    s = mmreplay.create_store(tmp_path / "s", schema, segment_records=512)
+    with s.writer(lanes=1) as w:
+        w.add_batch(obs=np.ones((2048, 1, 1024), np.float32), action=np.zeros((2048, 1), np.int64),
+                    reward=np.zeros((2048, 1), np.float32), terminated=np.zeros((2048, 1), bool),
+                    truncated=np.zeros((2048, 1), bool))
+    s.close()
+    s = mmreplay.open_store(tmp_path / "s")
+    r = s.reader
+
+    def region_rss():
+        return sum(v["rss"] for v in vmas(r.region.base, r.region.base + r.region.size))
+
+    size = 2048 * s.layout.record_bytes
+    s.unmap_pages()
+    assert region_rss() < size // 4
+    UniformSampler(s, seed=0, cache_bytes=8 << 20).close()  # bounded: nothing mapped ahead
+    assert region_rss() < size // 4
+    assert s.map_pages(background=True) == 0  # 8 MiB: below the smallest store mapped ahead
+    monkeypatch.setattr(store_mod, "MAP_AHEAD_MIN_BYTES", 0)
+    UniformSampler(s, seed=0)
+    deadline = time.monotonic() + 10
+    while region_rss() < size and time.monotonic() < deadline:  # (a background thread maps them)
+        time.sleep(0.01)
+    assert region_rss() >= size
+    assert s.map_pages(background=True) == 0  # once per handle
+    s.unmap_pages()
+    assert region_rss() < size // 4 and s.map_pages() >= size and region_rss() >= size
+    s.close()
