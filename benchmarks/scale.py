@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/scale.py --plot scale.png        # 1e6, 1e7, 1e8 + 1M Atari rows: ~30 min (est.),
                                                                   # ~30 GB of free disk under --dir at the peak
     .venv/bin/python benchmarks/scale.py --big --plot scale.png  # also 3e8 rows (~50 GB, 2x RAM): ~1 h 30 min (est.)
+    .venv/bin/python benchmarks/scale.py --from full.log mm.log --plot scale.png  # report of saved runs' output
 
 (Durations on the 2-core, 25 GB development VM. On disk: mmreplay ~165 B a vector row, 16.5 GB
 at 1e8; TorchRL ~227 B a transition, 22.7 GB at 1e8; the Atari store ~7 GB; a zarr archive of
@@ -571,6 +572,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--plot", default=None, help="log-log plot of per-batch cost against rows (PNG)")
     ap.add_argument("--quick", action="store_true",
                     help="sizes 1e5,1e6, 20,000 Atari rows, 50 batches, a 0.05 GB windowed cache (~1 min)")
+    ap.add_argument("--from", dest="from_logs", nargs="+", default=None, metavar="LOG",
+                    help="no run: the report (and --plot) of earlier runs' output, a later record of a measurement "
+                         "replacing an earlier one (e.g. a full run, then --systems mmreplay after a change)")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -608,6 +612,11 @@ def main() -> None:
         WORKERS[args.worker[0]](json.loads(args.worker[1]))
         return
     mem = kit.meminfo()
+    if args.from_logs:  # the report and plot of earlier runs' JSON lines; a later run's record of the same
+        report(merged(args.from_logs), mem, 0.0)  # measurement replaces an earlier one
+        if args.plot:
+            plot(merged(args.from_logs), args.plot)
+        return
     base = Path(tempfile.mkdtemp(prefix="scale-", dir=args.dir))
     print(f"RAM {mem['MemTotal'] / 1e9:.1f} GB ({mem['MemAvailable'] / 1e9:.1f} GB available), free disk "
           f"{shutil.disk_usage(base).free / 1e9:.1f} GB under {base}, {os.cpu_count()} CPUs; load average "
@@ -643,6 +652,19 @@ def main() -> None:
 
 
 # -- report ---------------------------------------------------------------------------------------
+def merged(logs: list[str]) -> list[Record]:
+    """The JSON records of ``logs`` (this script's output), in order; of two records of the same
+    measurement (store, size, system, what, sampler, pass), the later one."""
+    out: dict[tuple, Record] = {}
+    for log in logs:
+        for line in Path(log).read_text().splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                out[tuple(r.get(k) for k in ("store", "size", "system", "what", "sampler", "pass"))] = r
+    return list(out.values())
+
+
+
 def num(x: Any) -> str:
     """Three significant digits (thousands separated above 1,000); n/a for a missing value."""
     if x is None or not np.isfinite(x):

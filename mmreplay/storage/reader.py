@@ -44,8 +44,8 @@ import numpy as np
 
 from .format import (CONTROL_OFFSET, CONTROL_SLOT_SIZE, IS_LAST, MASKED, STAMPS, STATE_SEALED, Header, Layout,
                      kernel, read_control, seq_matches)
-from ..core.fs import (HUGE_PAGE, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NORMAL, MADV_POPULATE_READ, MADV_RANDOM,
-                       MADV_SEQUENTIAL, MADV_WILLNEED, AddressRegion)
+from ..core.fs import (HUGE_PAGE, MADV_DONTNEED, MADV_NORMAL, MADV_POPULATE_READ, MADV_RANDOM, MADV_SEQUENTIAL,
+                       MADV_WILLNEED, AddressRegion)
 from ..core.errors import CorruptSegmentError
 from .locks import held_elsewhere, writer_lock_name
 from .segment import never_held_rows, parse_segment_name, read_segment_meta
@@ -529,17 +529,11 @@ class StoreReader:
 
     def map_pages(self) -> int:
         """Map every committed row of the snapshot's segments into this process's page tables at
-        once (``MADV_POPULATE_READ``; the page cache supplies the pages, the disk what it lacks):
-        the inverse of ``unmap_pages``. One segment at a time under the window lock (a close or
-        an eviction meanwhile stops or skips it); RAM copies are left alone. Returns the bytes
-        asked for.
-
-        The windows are ``MADV_HUGEPAGE`` from here on: where the kernel's page cache holds 2 MB
-        folios (ext4 and XFS on recent kernels; what the disk supplies through such a mapping
-        comes as 2 MB folios) a 2 MB page is mapped whole, one TLB entry for what takes 512 with
-        4 KiB pages (uniform batches of 256 on a 100M-row, 15 GB store: 55-57 us mapped so, 171
-        us with 4 KiB mappings; docs/results.md, "Big stores"). Set only here, for a store that
-        fits in RAM: a page fault in such a window reads 2 MB."""
+        once (``MADV_POPULATE_READ``; the page cache supplies the pages, the disk what it lacks, read
+        in order with read-ahead: under the window's sampling hint, random, it would be read 4 KiB
+        a fault, ~100 MB/s): the inverse of ``unmap_pages``. One segment at a time under the
+        window lock (a close or an eviction meanwhile stops or skips it); RAM copies are left
+        alone. Returns the bytes asked for."""
         total = 0
         for sid in self.snapshot.segment_ids.tolist():
             with self._lock:
@@ -549,8 +543,10 @@ class StoreReader:
                 if m is None or m.header.segment_id in self.pinned:
                     continue
                 _, hi = self.layout.records_span(0, m.committed)
-                self.region.advise(m.window, hi, MADV_HUGEPAGE)
+                self.region.advise(m.window, hi, MADV_SEQUENTIAL)
+                self.region.advise(m.window, hi, MADV_WILLNEED)
                 self.region.advise(m.window, hi, MADV_POPULATE_READ)
+                self.advise(m)  # back to the sampling hint
                 total += hi
         return total
 
