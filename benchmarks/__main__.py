@@ -55,6 +55,8 @@ BENCHMARKS: dict[str, Bench] = {
     "scale": Bench("per-batch cost (uniform, sequence, prioritized, frame stacks), open and whole-store passes "
                    "(field_stats, verify, export, first check) at 1M/10M/100M rows vs TorchRL and cpprb",
                    "~30 min (est.)", ("--quick",)),
+    "minari_export": Bench("export_minari against Minari's own writer given the same episodes in memory",
+                           "~1 min", ("--episodes", "40", "--repeats", "1")),
     "checks": Bench("time until a 10 GB store is fully checked after open, cold and warm page cache", "~3 min",
                     ("--size-gb", "0.5", "--dir", "/tmp")),
     "archive": Bench("zarr archive size against the rows for ALE frames (Breakout, Pong, SpaceInvaders)", "~5 min",

@@ -5,6 +5,8 @@
                                                                   # ~30 GB of free disk under --dir at the peak
     .venv/bin/python benchmarks/scale.py --big --plot scale.png  # also 3e8 rows (~50 GB, 2x RAM): ~1 h 30 min (est.)
     .venv/bin/python benchmarks/scale.py --from full.log mm.log --plot scale.png  # report of saved runs' output
+    PYTHONPATH=../old .venv/bin/python benchmarks/scale.py --systems mmreplay --sizes 1e7 --atari-rows 0 \
+        --passes-only                                             # an older checkout's passes, to compare
 
 (Durations on the 2-core, 25 GB development VM. On disk: mmreplay ~165 B a vector row, 16.5 GB
 at 1e8; TorchRL ~227 B a transition, 22.7 GB at 1e8; the Atari store ~7 GB; a zarr archive of
@@ -345,6 +347,10 @@ def work_mm(cfg: Record) -> None:
         t0 = time.perf_counter()
         store = mmreplay.open_store(path, mode="r")
         emit({**tags, "what": "open", "open_ms": (time.perf_counter() - t0) * 1e3})
+        if cfg.get("passes_only"):  # (runs on code without map_pages: the passes of an older commit too)
+            store.close()
+            mm_passes(path, base, tags)
+            return
         windowed = ({"cache_bytes": int(cfg["cache_gb"] * 1e9), "swap_segments_per_s": cfg["swap"]}
                     if cfg.get("windowed") else None)
         samplers = mm_samplers(store, atari, windowed)
@@ -572,6 +578,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--plot", default=None, help="log-log plot of per-batch cost against rows (PNG)")
     ap.add_argument("--quick", action="store_true",
                     help="sizes 1e5,1e6, 20,000 Atari rows, 50 batches, a 0.05 GB windowed cache (~1 min)")
+    ap.add_argument("--passes-only", action="store_true",
+                    help="mmreplay: build, open and the whole-store passes only (no sampler); with PYTHONPATH at an "
+                         "older checkout, that code's passes")
     ap.add_argument("--from", dest="from_logs", nargs="+", default=None, metavar="LOG",
                     help="no run: the report (and --plot) of earlier runs' output, a later record of a measurement "
                          "replacing an earlier one (e.g. a full run, then --systems mmreplay after a change)")
@@ -590,7 +599,7 @@ def jobs(args: argparse.Namespace, base: Path) -> Iterator[tuple[str, Record, in
     free = shutil.disk_usage(base).free
     largest = max([n for n in sizes if mm_need[n] < free] or sizes[:1])
     common = {"batches": args.batches, "cache_gb": args.cache_gb, "swap": args.swap,
-              "torch_threads": args.torch_threads}
+              "torch_threads": args.torch_threads, "passes_only": args.passes_only}
     for n in sizes:
         for system in systems:
             need = {"mmreplay": mm_need[n], "torchrl": Rows(n).num_transitions() * TRL_BYTES + RESERVE}.get(system, 0)
