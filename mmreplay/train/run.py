@@ -245,7 +245,11 @@ class Run:
             self.best = mean
             save_policy(self.dir / "best_policy.pt", learner.policy_net, epsilon=None, step=self.step, eval_return=mean,
                         **self.meta())
-        return c.target_return is not None and mean >= c.target_return
+        if c.target_return is not None and mean >= c.target_return:
+            log.info("step %d: the target return %g is reached: training stops here (target_return)", self.step,
+                     c.target_return)
+            return True
+        return False
 
     def maybe_checkpoint(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
                          epsilon: float | None, force: bool = False, writer: Writer | None = None) -> None:
