@@ -320,9 +320,11 @@ class _Worker:
                 steps += E
                 if watch:  # a lane done in the last step was reset by this one: its obs starts an episode
                     new_episode, prev_done = prev_done, term | trunc
-            if cfg.cut_episodes and buf.empty and 0 < steps < budget and (may_step is None or may_step(E)):
-                # stopped right after a flush: the last step is written, so one more carries the cut (not
-                # past a trainer's samples-per-insert limit: then the episodes stay unmarked, incomplete)
+            if cfg.cut_episodes and buf.empty and 0 < steps < budget and (
+                    may_step is None or self.stopped or may_step(E)):
+                # stopped right after a flush: the last step is written, so one more carries the cut (within a
+                # trainer's samples-per-insert limit while it runs; once it stopped the run, the limit no longer
+                # matters: its running episodes are stored truncated and counted as cut, as the guarantees say)
                 action = act(obs, new_episode)
                 buf.put_obs(obs, action)
                 obs, reward, term, trunc, _ = envs.step(action)

@@ -363,6 +363,12 @@ def test_actors_fill_the_store_under_the_samples_per_insert_limit(tmp_path):
     assert abs(res.updates - expected) <= 300 * spi / cfg.batch_size + 50, (res.updates, expected)
     with mmreplay.open_store(cfg.store) as s:
         assert s.num_rows >= res.env_steps
+        info = s.info()
+    # the episodes the run's end interrupts are stored truncated and counted as cut, none incomplete (the actors
+    # take the one step that carries the cut after the trainer stopped them, past the samples-per-insert limit)
+    workers = [w for r in info["provenance"] if isinstance(r.get("workers"), list) for w in r["workers"]]
+    assert info["episodes_incomplete"] == 0, info
+    assert info["episodes_cut"] == sum(len(w["cut_rows"]) for w in workers), (info["episodes_cut"], workers)
     assert load_policy(Path(res.run_dir) / "actor_policy.pt").meta["epsilon"] == pytest.approx(cfg.end_e)
 
 
