@@ -294,6 +294,6 @@ def plot_cmd(run_dir: str, compare: tuple[str, ...], out: str | None, title: str
 
     try:
         path = plot_run(run_dir, out, title=title, compare=compare)
-    except (ImportError, FileNotFoundError) as exc:
+    except (ImportError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(str(path))

@@ -34,6 +34,7 @@ Storage tiers (``tiers.py``, options as for ``UniformSampler``):
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 from typing import TYPE_CHECKING
@@ -344,8 +345,18 @@ class PrioritizedSampler(TransitionSampler):
             arrays[str(sid)] = parked[:n] if parked is not None else self.tree.leaves()[b : b + n]
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        os.makedirs(self._path().parent, exist_ok=True)
-        atomic_write(self._path(), buf.getvalue())
+        try:
+            os.makedirs(self._path().parent, exist_ok=True)
+            atomic_write(self._path(), buf.getvalue())
+        except OSError as exc:  # a read-only store directory (a shared dataset), a full disk
+            from ..core.errors import DiskFullError, ReadOnlyStoreError
+
+            if exc.errno == errno.ENOSPC:
+                raise DiskFullError(f"cannot save the priorities to {self._path()}: the disk is full") from exc
+            raise ReadOnlyStoreError(
+                f"cannot save the priorities to {self._path()}: {exc.strerror or exc}",
+                hint="priorities are saved beside the store: make its directory writable, or keep them in memory "
+                     "(a sampler without save() loses them when it goes)") from exc
 
     def _load(self) -> None:
         path = self._path()

@@ -126,7 +126,8 @@ def plot_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None
     run, without the training curves.
 
     Needs matplotlib (optional extra). Returns the path written (default
-    ``<run_dir>/learning_curve.png``).
+    ``<run_dir>/learning_curve.png``); raises ``ValueError`` (writing nothing) when no run has a
+    return to draw yet.
     """
     try:
         import matplotlib
@@ -153,6 +154,10 @@ def plot_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None
             ax.errorbar(step[ev], m["eval_return"][ev], yerr=std, fmt="o-" if compare else "o", ms=4, capsize=3,
                         lw=1, label=label)
         drawn = drawn or tr.any() or ev.any()
+    if not drawn:  # an empty PNG would pass for a curve
+        plt.close(fig)
+        raise ValueError(f"{runs[0]}: no training episode and no evaluation recorded yet (metrics.csv holds no "
+                         "return): nothing to plot")
     online = any(bool(np.nan_to_num(m["episodes"]).max(initial=0) > 0) for m in metrics) or bool(compare)
     ax.set_xlabel("env steps" if online else "learner updates")
     ax.set_ylabel("episode return")

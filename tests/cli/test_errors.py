@@ -143,3 +143,30 @@ def test_read_only_filesystem_targets_are_one_line(tmp_path, cartpole, cartpole_
         assert list(mnt.iterdir()) == []
     finally:
         subprocess.run(["umount", str(mnt)])
+
+
+def test_saving_priorities_beside_a_read_only_store_is_one_clear_error(tmp_path, cartpole):
+    mnt = tmp_path / "ro"
+    if not _mount_tmpfs(mnt, "256m"):
+        pytest.skip("needs root and mount")
+    try:
+        shutil.copytree(cartpole, mnt / "cp")
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)]).returncode == 0
+        with mmreplay.open_store(mnt / "cp", mode="r") as st:
+            ps = mmreplay.PrioritizedSampler(st, seed=0)
+            with pytest.raises(mmreplay.ReadOnlyStoreError, match="cannot save the priorities") as err:
+                ps.save()
+            assert "make its directory writable" in str(err.value)
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_plot_of_a_run_with_nothing_recorded_writes_nothing(tmp_path):
+    from mmreplay.train.runlog import COLUMNS
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.csv").write_text(",".join(COLUMNS) + "\n")
+    line = _one_line_error(_cli(["plot", run], tmp_path))
+    assert "nothing to plot" in line and "metrics.csv" in line, line
+    assert not (run / "learning_curve.png").exists()
