@@ -75,7 +75,7 @@ def test_each_room_docstring_names_every_module_of_its_room():
     for room in reference.ROOMS:
         mod = importlib.import_module(f"mmreplay.{room}")
         if not hasattr(mod, "__path__"):
-            continue  # a one-module room (loader)
+            continue  # a one-module room
         doc = mod.__doc__ or ""
         missing = [m.name for m in pkgutil.iter_modules(mod.__path__) if not re.search(rf"\b{m.name}\b", doc)]
         assert missing == [], f"the docstring of mmreplay.{room} does not name its modules {missing}"
