@@ -20,7 +20,8 @@ _spec.loader.exec_module(reference)
 
 def test_the_reference_builds_with_every_public_name_documented_and_every_reference_resolving(tmp_path):
     modules = reference.build(tmp_path)
-    for name in ("mmreplay", "mmreplay.storage", "mmreplay.sampling", "mmreplay.archive", "mmreplay.loader"):
+    for name in ("mmreplay", "mmreplay.storage", "mmreplay.sampling", "mmreplay.archive", "mmreplay.stats",
+                 "mmreplay.loader"):
         assert name in modules
         assert (tmp_path / (name.replace(".", "/") + ".html")).is_file()
     page = (tmp_path / "mmreplay.html").read_text()
