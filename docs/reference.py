@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("core", "storage", "sampling", "archive", "interop", "loader", "integrations", "agent", "actors",
-         "cluster", "train", "testing")
+ROOMS = ("core", "storage", "sampling", "archive", "stats", "interop", "loader", "integrations", "agent",
+         "actors", "cluster", "train", "testing")
 
 UNDOCUMENTED_TODO = frozenset()
 

@@ -82,7 +82,7 @@ __all__ = [
 _LAZY = {"export_archive": "archive", "import_archive": "archive", "open_archive": "archive",
          "verify_archive": "archive",
          "export_minari": "interop.minari", "import_minari": "interop.minari", "import_dopamine": "interop.dopamine",
-         "field_stats": "archive.stats", "FieldStats": "archive.stats",
+         "field_stats": "stats", "FieldStats": "stats",
          "ray_collect": "cluster", "RayActorPool": "cluster", "ingest_archives": "cluster"}
 __all__ += sorted(_LAZY)
 

@@ -3,9 +3,7 @@
 Modules: ``zarr_io`` (export_archive, import_archive, open_archive, verify_archive), ``layout`` (the
 archive's group layout, checksums, metadata and chunk manifest), ``remote`` (an object store's errors,
 said naming the archive), ``shipping`` (the learner's exactly-once ingestion of
-archives that remote actors export), ``stats`` (``field_stats``: streaming mean, std, min and max
-of a field over a store's or an archive's transitions, cached beside the store), ``stats_kernel``
-(its compiled inner loop: a block of rows' count, mean, M2, min and max).
+archives that remote actors export). A field's statistics over an archive: ``mmreplay.stats``.
 
 Invariants: an archive holds sealed segments only, one chunk row range per segment, each
 chunk checksummed; ingestion never duplicates a row, even when killed midway.

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..sampling import TransitionSampler, UniformSampler
 from ..storage import SEG_BASE, SEG_COMMITTED, SEG_ID, SEG_LANES, SEG_PRED, SEG_SUCC, SEG_USABLE
-from . import TensorBatch
+from .tensors import TensorBatch
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore

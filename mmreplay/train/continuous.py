@@ -144,7 +144,7 @@ def action_bounds(store: ReplayStore, eval_space: Any, eval_env: str | None, dim
             np.allclose(recorded[0], env[0]) and np.allclose(recorded[1], env[1])):
         log.warning("action scale mismatch: the store's actions are at its env's bounds %s, --eval-env %s has %s; "
                     "the policy's actions are mapped onto %s's", _fmt(recorded), eval_env, _fmt(env), eval_env)
-    from ..archive.stats import field_stats
+    from ..stats import field_stats
 
     a = field_stats(store, "action")
     lo, hi = a.min.ravel(), a.max.ravel()
@@ -341,7 +341,7 @@ class ContinuousLearner(UpdateStats):
 def make_learner(cfg: TrainConfig, store: ReplayStore, eval_env: str | None, device: torch.device) -> ContinuousLearner:
     """A :class:`ContinuousLearner` for ``store``: observation statistics (``field_stats``, cached),
     the action scale (:func:`action_bounds`) and the eval env's Box."""
-    from ..archive.stats import field_stats
+    from ..stats import field_stats
 
     schema = store.schema
     eval_space = None

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 import mmreplay
 from mmreplay.archive import export_archive, import_archive, open_archive
 from mmreplay.core.errors import ObjectStoreError
-from mmreplay.archive.stats import field_stats
+from mmreplay.stats import field_stats
 from mmreplay.cli.main import main
 from mmreplay.cluster import archive_urls, ingest_archives
 

@@ -2,8 +2,8 @@
 
 Rooms, lowest first (a room may import itself and any room before it)::
 
-    core < storage < sampling < archive < interop < loader < integrations < agent < actors
-         < cluster < train < testing
+    core < storage < sampling < archive < stats < interop < loader < integrations < agent
+         < actors < cluster < train < testing
 
 ``mmreplay/__init__.py``, ``__main__.py`` and the ``errors`` / ``schema`` re-export modules are
 the facade: they may import any room, and no room imports them. Imports inside functions
@@ -17,8 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "mmreplay"
-ORDER = ["core", "storage", "sampling", "archive", "interop", "loader", "integrations", "agent", "actors",
-         "cluster", "train", "testing"]
+ORDER = ["core", "storage", "sampling", "archive", "stats", "interop", "loader", "integrations", "agent",
+         "actors", "cluster", "train", "testing"]
 FACADE = {"__init__", "__main__", "errors", "schema"}
 
 

@@ -20,7 +20,8 @@ _spec.loader.exec_module(reference)
 
 def test_the_reference_builds_with_every_public_name_documented_and_every_reference_resolving(tmp_path):
     modules = reference.build(tmp_path)
-    for name in ("mmreplay", "mmreplay.storage", "mmreplay.sampling", "mmreplay.archive", "mmreplay.loader"):
+    for name in ("mmreplay", "mmreplay.storage", "mmreplay.sampling", "mmreplay.archive", "mmreplay.stats",
+                 "mmreplay.loader"):
         assert name in modules
         assert (tmp_path / (name.replace(".", "/") + ".html")).is_file()
     page = (tmp_path / "mmreplay.html").read_text()
@@ -75,7 +76,7 @@ def test_each_room_docstring_names_every_module_of_its_room():
     for room in reference.ROOMS:
         mod = importlib.import_module(f"mmreplay.{room}")
         if not hasattr(mod, "__path__"):
-            continue  # a one-module room (loader)
+            continue  # a one-module room
         doc = mod.__doc__ or ""
         missing = [m.name for m in pkgutil.iter_modules(mod.__path__) if not re.search(rf"\b{m.name}\b", doc)]
         assert missing == [], f"the docstring of mmreplay.{room} does not name its modules {missing}"

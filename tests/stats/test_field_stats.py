@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mmreplay
-from mmreplay.archive import stats as stats_mod
-from mmreplay.archive.stats import CACHE_NAME, field_stats
+from mmreplay.stats import fields as stats_mod
+from mmreplay.stats.fields import CACHE_NAME, field_stats
 
 
 def _fill(store, seed: int, steps: int, lanes: int = 3) -> None:

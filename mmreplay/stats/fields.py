@@ -7,9 +7,9 @@ are the store's transition starts (``ReplayStore.valid_transition_mask`` per seg
 (``episode != -1``) that are not ``is_last``, not ``masked`` (the bool array a repaired archive
 carries at the group root, when it has one) and not the last row an unfinished episode has in it
 (no next observation). Each archive chunk is checked against the archive's chunk manifest
-(``layout.Verifier``): a segment with a missing or damaged chunk is left out whole and named on one
-line, and the rows that may have their next observation in it (the open episodes' last rows so
-far) are not counted.
+(``mmreplay.archive.layout.Verifier``): a segment with a missing or damaged chunk is left out
+whole and named on one line, and the rows that may have their next observation in it (the open
+episodes' last rows so far) are not counted.
 
 Invariants:
 
@@ -118,7 +118,7 @@ class _Running:
         self.mean, self.n = mean_rest, rest
 
     def merge(self, n: int, mean: np.ndarray, m2: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-        """Fold in the moments of ``n`` rows (``stats_kernel.moments``' output, or ``add``'s)."""
+        """Fold in the moments of ``n`` rows (``moments_kernel.moments``' output, or ``add``'s)."""
         if n == 0:
             return
         if self.mean is None:
@@ -182,7 +182,7 @@ def field_stats(
 
         with open_store(path, mode="r") as store:
             return _store_stats(store, field, cache, chunk_rows, progress)
-    from .remote import naming
+    from ..archive.remote import naming
 
     with naming(source):
         return _archive_stats(str(source), field, cache, chunk_rows, storage_options, progress)
@@ -285,7 +285,7 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
     key, name = _store_key(store)
 
     def one(k: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        from .stats_kernel import moments
+        from .moments_kernel import moments
 
         with store.scan_segment(k, [field]) as views:  # read ahead, the next segment asked for meanwhile
             keep = store.valid_transition_mask(k)  # (inside: its flag bytes are on every page of the segment)
@@ -310,7 +310,7 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
 def _archive_stats(url: str, field: str, cache: bool | str | os.PathLike[str], chunk_rows: int,
                    storage_options: dict[str, Any] | None, progress: Callable[[int, int], None] | None) -> FieldStats:
     from ..core.schema import Schema
-    from .layout import Verifier, committed_extent, open_group, read_meta
+    from ..archive.layout import Verifier, committed_extent, open_group, read_meta
 
     g = open_group(url, "r", storage_options)
     meta = read_meta(g, url)

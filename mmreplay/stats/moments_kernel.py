@@ -5,7 +5,7 @@ of a segment's mapped column works as it is) where ``keep`` is true into ``(coun
 max)``, in float64. It reads the data once per block of ``BLOCK`` rows and a second time while
 the block is still in cache: the block's mean, then the squared deviations from it (two-pass, so
 no cancellation), and folds each block into the running sums with Chan et al.'s pairwise update,
-as ``stats._Running`` folds chunks. A NaN propagates to the mean, the deviations, min and max, as
+as ``fields._Running`` folds chunks. A NaN propagates to the mean, the deviations, min and max, as
 in numpy.
 
 numpy took ~0.4 s per 10M rows of 24 float32 for the gather, the float64 copy and the reductions
