@@ -204,30 +204,16 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
 
 
 def train_config(env_id: str | None, opts: dict[str, Any]) -> Any:
-    """The run's :class:`mmreplay.train.TrainConfig` from ``mmreplay train``'s options, the one place
-    they are read: the saved config with the given options on ``--resume``, else the preset the
-    options pick (CORL's for Box actions, Nature-DQN's with ``--atari``, MinAtar's) with them."""
-    from dataclasses import replace
+    """The run's :class:`mmreplay.train.TrainConfig` from ``mmreplay train``'s options: the library's
+    ``config_for`` picks the preset (the same run ``mmreplay.train`` gets from Python)."""
+    from mmreplay.train import config_for
 
-    from mmreplay.train import TrainConfig, atari_config, continuous_config, default_run_dir, minatar_config, resume_config
-    from mmreplay.train.config import box_actions
-
-    given = {k: v for k, v in opts.items() if v is not None}
-    if given.get("store") is not None and given.get("archive") is not None:
-        raise click.UsageError("--store and --archive are exclusive: train from one of them")
-    if env_id is not None:
-        given["env_id"] = env_id
-    if given.pop("resume", False):
-        run_dir = given.pop("run_dir", None) or str(default_run_dir(replace(TrainConfig(), **given)))
-        return resume_config(run_dir, **given)
-    if given.get("minatar") is None and str(given.get("env_id", "")).startswith("MinAtar/"):
-        given["minatar"] = True
-    algo = given.get("algo")
-    if algo in ("td3bc", "iql") or (algo == "bc" and given.get("offline")
-                                    and box_actions(given.get("store"), given.get("archive"))):
-        return continuous_config(**given)  # Box actions: CORL's settings
-    return (atari_config(**given) if given.get("atari") else minatar_config(**given)
-            if given.get("minatar") else TrainConfig(**given))
+    try:
+        return config_for(env_id, **opts)
+    except ValueError as exc:
+        if "exclusive" in str(exc):
+            raise click.UsageError("--store and --archive are exclusive: train from one of them") from None
+        raise
 
 
 def _store_episodes(path: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from .config import (
     TrainConfig,
     atari_config,
+    config_for,
     continuous_config,
     default_run_dir,
     linear_schedule,
@@ -42,7 +43,7 @@ _LAZY = {"ContinuousLearner": "continuous", "Learner": "learner", "train": "loop
          "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
     "Batches", "ContinuousLearner", "Learner", "Run", "TrainConfig", "TrainResult", "atari_config",
-    "continuous_config", "default_run_dir", "linear_schedule", "load_checkpoint", "minatar_config", "pick_device",
+    "config_for", "continuous_config", "default_run_dir", "linear_schedule", "load_checkpoint", "minatar_config", "pick_device",
     "plot_run", "read_metrics", "replay_segment_records", "resume_config", "save_checkpoint",
     "target_update_interval_of", "to_tensors", "train", "train_actors", "train_offline", "train_online",
     "validate_config",

@@ -353,6 +353,39 @@ def resume_config(run_dir: str | Path, **overrides: Any) -> TrainConfig:
     return TrainConfig(**{**saved, **overrides, "resume": True, "run_dir": str(run_dir)})
 
 
+def config_for(env_id: str | None = None, **options: Any) -> TrainConfig:
+    """The config ``mmreplay train`` runs for these options: the one place a preset is picked, so a
+    run from Python (``mmreplay.train.train(config_for("ALE/Pong-v5", atari=True, store=...))``)
+    is the run the CLI makes of the same inputs.
+
+    Options are ``TrainConfig`` fields (``None`` values are left out). ``resume=True``: the config
+    saved in ``run_dir`` (default: the run directory these options name) with the options over it.
+    Else the preset the options pick, with the options over it: CORL's settings
+    (``continuous_config``) for ``algo`` ``td3bc`` or ``iql``, or ``bc`` offline on a store or
+    archive of Box actions; Nature-DQN's (``atari_config``) with ``atari=True``; MinAtar's
+    (``minatar_config``) with ``minatar=True`` or a ``MinAtar/`` env id; else ``TrainConfig``'s
+    defaults. Raises ``ValueError`` when both ``store`` and ``archive`` are given."""
+    from dataclasses import replace
+
+    given = {k: v for k, v in options.items() if v is not None}
+    if given.get("store") is not None and given.get("archive") is not None:
+        raise ValueError("`store` and `archive` are exclusive: train from one of them")
+    if env_id is not None:
+        given["env_id"] = env_id
+    if given.pop("resume", False):
+        run_dir = given.pop("run_dir", None) or str(default_run_dir(replace(TrainConfig(), **given)))
+        return resume_config(run_dir, **given)
+    if given.get("minatar") is None and str(given.get("env_id", "")).startswith("MinAtar/"):
+        given["minatar"] = True
+    algo = given.get("algo")
+    if algo in ("td3bc", "iql") or (algo == "bc" and given.get("offline")
+                                    and box_actions(given.get("store"), given.get("archive"))):
+        return continuous_config(**given)  # Box actions: CORL's settings
+    if given.get("atari"):
+        return atari_config(**given)
+    return minatar_config(**given) if given.get("minatar") else TrainConfig(**given)
+
+
 def _run_dir(cfg: TrainConfig) -> Path:
     """Validate ``cfg`` (before anything is made) and return its run directory."""
     validate_config(cfg)

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 from conftest import step
 
@@ -73,3 +74,27 @@ def test_collect_and_train_read_their_options_in_one_spec_builder(tmp_path):
     opts.pop("quiet")
     cfg = train_config(opts.pop("env_id"), opts)
     assert cfg.atari and cfg.batch_size == 32 and cfg.steps == 100 and cfg.env_spec().atari
+
+
+@pytest.mark.parametrize("argv, lib", [
+    (["ALE/Pong-v5", "--atari", "--steps", "100"], {"env_id": "ALE/Pong-v5", "atari": True, "steps": 100}),
+    (["MinAtar/Breakout-v1", "--steps", "100"], {"env_id": "MinAtar/Breakout-v1", "steps": 100}),
+    (["CartPole-v1", "--lr", "0.001"], {"env_id": "CartPole-v1", "learning_rate": 0.001}),
+    (["--offline", "--algo", "td3bc", "--eval-env", "Hopper-v5"],
+     {"offline": True, "algo": "td3bc", "eval_env": "Hopper-v5"}),
+])
+def test_the_cli_and_the_library_make_the_same_run_of_the_same_inputs(tmp_path, argv, lib):
+    """The preset is picked in the library (``mmreplay.train.config_for``): the config the CLI makes
+    of its options is the one a Python caller gets for the same inputs, field by field (what
+    config.json holds)."""
+    from dataclasses import asdict
+
+    from mmreplay.cli.train import train_cmd, train_config
+    from mmreplay.train import config_for
+
+    store = str(tmp_path / "s")
+    opts = dict(train_cmd.make_context("train", [*argv, "--store", store]).params)
+    opts.pop("quiet")
+    cli = train_config(opts.pop("env_id"), opts)
+    env = lib.pop("env_id", None)
+    assert asdict(cli) == asdict(config_for(env, store=store, **lib))
