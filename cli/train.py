@@ -134,8 +134,54 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
+_SWITCHES = {"algo", "offline", "atari", "minatar"}  # the options that pick a preset: their help says how
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, tuple):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def preset_defaults(field: str) -> str | None:
+    """The bracketed default of TrainConfig field ``field`` as the presets set it, from the presets
+    themselves (``mmreplay.train``: ``TrainConfig``, ``atari_config``, ``minatar_config``,
+    ``continuous_config``): ``[100,000; atari 10,000,000; ...]``, a family named only where it
+    differs; None when no preset sets a value (the option's help says what applies then)."""
+    from mmreplay.train import TrainConfig, atari_config, continuous_config, minatar_config
+
+    base = getattr(TrainConfig(), field, None)
+    if base is None or base == "":  # computed when the run starts (or unset): the help says how, in words
+        return None
+    fams = [(name, getattr(make(), field, None)) for name, make in
+            (("atari", atari_config), ("minatar", minatar_config), ("continuous", continuous_config))]
+    parts = [_shown(base)] + [f"{name} {_shown(v)}" for name, v in fams if v != base]
+    return f"[{'; '.join(parts)}]"
+
+
+def _with_preset(decls: tuple[str, ...], kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with its help's bracketed default written from the presets (never typed twice)."""
+    field = decls[0].split("/")[0].lstrip("-").replace("-", "_")
+    if "help" not in kw or kw.get("is_flag") or field in _SWITCHES:
+        return kw
+    shown = preset_defaults(field)
+    if shown is None:
+        return kw
+    text = kw["help"]
+    if text.endswith("]") and " [" in text:
+        text = text[: text.rindex(" [")]
+    return {**kw, "help": f"{text} {shown}"}
+
+
 def _train_options(fn: Any) -> Any:
     for decls, kw in reversed(_OPTIONS):
+        kw = _with_preset(decls, kw)
         if kw.get("is_flag"):
             fn = click.option(*decls, **kw)(fn)
         else:
@@ -168,7 +214,7 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
     (and bc on a Box-action store) to CORL's settings (batch 256, lr 3e-4, tau 0.005, 1M updates,
     10 episodes every 5000 updates, observations normalized with the dataset's statistics); their
     actions are mapped between the store's recorded scale and the eval env's bounds. Bracketed
-    values in the option list are the defaults (of DQN unless said).
+    values in the option list are the defaults, as each preset sets them (written from the presets).
 
     \b
     Examples:

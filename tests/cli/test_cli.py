@@ -98,3 +98,19 @@ def test_the_cli_and_the_library_make_the_same_run_of_the_same_inputs(tmp_path, 
     cli = train_config(opts.pop("env_id"), opts)
     env = lib.pop("env_id", None)
     assert asdict(cli) == asdict(config_for(env, store=store, **lib))
+
+
+def test_train_help_says_the_default_each_preset_applies_written_from_the_presets():
+    """No default is typed twice: the bracketed defaults in ``mmreplay train --help`` come from the
+    presets (``TrainConfig``, ``atari_config``, ``minatar_config``, ``continuous_config``)."""
+    from mmreplay.cli.train import preset_defaults
+    from mmreplay.train import TrainConfig, atari_config, continuous_config, minatar_config
+
+    out = " ".join(CliRunner().invoke(main, ["train", "--help"], terminal_width=1000).output.split())
+    for field, flag in (("steps", "--steps"), ("eval_every", "--eval-every"), ("learning_starts", "--learning-starts"),
+                        ("batch_size", "--batch-size"), ("capacity", "--capacity")):
+        shown = preset_defaults(field)
+        assert shown is not None and shown in out, (flag, shown)
+        values = {getattr(make(), field) for make in (TrainConfig, atari_config, minatar_config, continuous_config)}
+        assert len(values) > 1 and all(f"{v:,}" in shown for v in values), (shown, values)
+    assert preset_defaults("eval_every") == "[10,000; atari 250,000; minatar 50,000; continuous 5,000]"
