@@ -268,6 +268,14 @@ def mm_samplers(store: mmreplay.ReplayStore, atari: bool, windowed: dict | None)
 
         out["uniform windowed"] = (filled(mmreplay.UniformSampler, 6), sample)
         out["prioritized windowed"] = (filled(mmreplay.PrioritizedSampler, 7), per_op)
+    size = kit.dir_bytes(store.path / "segments")
+    if not atari and size < 0.3 * kit.meminfo()["MemTotal"]:  # windowed over the whole store: every segment resident
+        def whole() -> Any:
+            s = mmreplay.UniformSampler(store, mode="windowed", cache_bytes=int(size * 1.2) + (64 << 20), seed=8)
+            s.load_resident()
+            return s
+
+        out["uniform windowed, whole store"] = (whole, sample)
     return out
 
 
