@@ -75,6 +75,16 @@ def test_sh_blocks_parse_with_the_real_cli(tmp_path):
         assert out.returncode == 0 and "collect" in out.stdout
 
 
+def test_install_lists_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = (ROOT / "README.md").read_text()
+    install = text[text.index("## Install\n"):text.index("\n## ", text.index("## Install\n") + 1)]
+    assert set(re.findall(r"^\| `([\w-]+)` \|", install, re.M)) == set(extras)
+    assert "pip install -e ." in install
+
+
 def test_plain_zarr_recipe_leaves_out_an_episode_holding_a_masked_row(tmp_path):
     """The README's plain-zarr block, run on an archive whose store had a damaged row: the row is
     archived masked, and the recipe's ``complete`` episodes are every ended episode but its."""
