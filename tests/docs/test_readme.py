@@ -10,6 +10,7 @@ command lines of the pages under docs/ are parsed too).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -83,6 +84,17 @@ def test_install_lists_every_extra():
     install = text[text.index("## Install\n"):text.index("\n## ", text.index("## Install\n") + 1)]
     assert set(re.findall(r"^\| `([\w-]+)` \|", install, re.M)) == set(extras)
     assert "pip install -e ." in install
+
+
+def test_shell_completion_lines_give_a_completion_script():
+    lines = "\n".join(ln for b in blocks("sh") for ln in b.splitlines())
+    shells = re.findall(r"_MMREPLAY_COMPLETE=(\w+)_source mmreplay\b", lines)
+    assert sorted(shells) == ["bash", "fish", "zsh"]
+    for shell in shells:  # as the `mmreplay` console script runs it
+        out = subprocess.run([sys.executable, "-c", "from mmreplay.cli.main import main; main(prog_name='mmreplay')"],
+                             env={**os.environ, "_MMREPLAY_COMPLETE": f"{shell}_source"},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "_mmreplay_completion" in out.stdout, out.stderr
 
 
 def test_plain_zarr_recipe_leaves_out_an_episode_holding_a_masked_row(tmp_path):
