@@ -1,8 +1,10 @@
 """Every code block in README.md is executed or checked, so the README cannot rot (and the
 command lines of the pages under docs/ are parsed too).
 
-* ``python`` blocks run in order in one fresh interpreter, like cells of a notebook, with the
-  paths ``/data/`` and ``/tmp/`` pointed into a temporary directory.
+* every ``python`` block runs alone, in a fresh interpreter of its own (a reader copies one
+  block, not the page), with the paths ``/data/`` and ``/tmp/`` and ``tempfile``'s directory
+  pointed into a temporary directory; a line ``print(...)  # -> TEXT`` must print TEXT (in
+  order). A block that imports an optional extra that is not installed is skipped, naming it.
 * ``sh`` lines that start with ``mmreplay`` are parsed by the real click command (every option
   must exist and its value must parse); synopsis lines (with ``[...]`` or CAPITAL placeholders)
   only need their subcommand to exist. ``python -m mmreplay --help`` is run.
@@ -10,6 +12,7 @@ command lines of the pages under docs/ are parsed too).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -37,15 +40,54 @@ def _paths(text: str, tmp: Path) -> str:
     return text.replace("/data/", f"{tmp}/data/").replace("/tmp/", f"{tmp}/")
 
 
+# the optional extras (pyproject.toml) a block may import: module -> extra
+EXTRAS = {"stable_baselines3": "sb3", "torchrl": "torchrl", "tensordict": "torchrl", "minari": "minari",
+          "ray": "ray", "matplotlib": "plot", "tensorboard": "tensorboard", "ale_py": "atari", "cv2": "atari",
+          "minatar": "minatar", "mujoco": "mujoco"}
+IMPORT = re.compile(r"^\s*(?:from|import)\s+(\w+)", re.M)
+EXPECT = re.compile(r"^\s*print\(.*#\s*->\s*(.+?)\s*$", re.M)
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """``(id, code)`` of each python block of the README; the id names the section it is in."""
+    text, out, heading = (ROOT / "README.md").read_text(), [], "top"
+    for m in re.finditer(r"^(#+) ([^\n]+)$|" + FENCE.pattern, text, re.S | re.M):
+        if m.group(1):
+            heading = re.sub(r"\W+", "-", m.group(2).split(":")[0]).lower()[:24].strip("-")
+        elif m.group(3) == "python":
+            out.append((f"{len(out) + 1}-{heading}", m.group(4)))
+    return out
+
+
+def missing_extras(code: str) -> list[str]:
+    import importlib.util
+
+    return sorted({f"{mod} (pip install 'mmreplay[{EXTRAS[mod]}]')" for mod in IMPORT.findall(code)
+                   if mod in EXTRAS and importlib.util.find_spec(mod) is None})
+
+
+def test_every_python_block_is_found():
+    found = python_blocks()
+    assert len(found) == len(blocks("python")) >= 10 and all("mmreplay" in code for _, code in found)
+
+
 @pytest.mark.slow
-def test_python_blocks_run_in_order(tmp_path):
-    code = "\n\n".join(blocks("python"))
-    assert "mmreplay" in code
+@pytest.mark.parametrize("code", [c for _, c in python_blocks()], ids=[i for i, _ in python_blocks()])
+def test_python_block_runs_alone(code, tmp_path):
+    if missing := missing_extras(code):
+        pytest.skip(f"needs {', '.join(missing)}")
     (tmp_path / "data").mkdir()
-    script = tmp_path / "readme.py"
+    script = tmp_path / "block.py"
     script.write_text(_paths(code, tmp_path))
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"README python blocks failed:\n{out.stderr[-3000:]}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(ROOT), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, f"this README block fails when run alone:\n{code}\n{out.stderr[-3000:]}"
+    printed = iter(out.stdout.splitlines())
+    for want in EXPECT.findall(code):  # each in order, on a line of its own
+        assert any(line.strip() == want for line in printed), (
+            f"the README says `{want}` is printed; the block printed:\n{out.stdout}")
 
 
 def _is_synopsis(args: list[str]) -> bool:
@@ -75,6 +117,27 @@ def test_sh_blocks_parse_with_the_real_cli(tmp_path):
         assert out.returncode == 0 and "collect" in out.stdout
 
 
+def test_install_lists_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = (ROOT / "README.md").read_text()
+    install = text[text.index("## Install\n"):text.index("\n## ", text.index("## Install\n") + 1)]
+    assert set(re.findall(r"^\| `([\w-]+)` \|", install, re.M)) == set(extras)
+    assert "pip install -e ." in install
+
+
+def test_shell_completion_lines_give_a_completion_script():
+    lines = "\n".join(ln for b in blocks("sh") for ln in b.splitlines())
+    shells = re.findall(r"_MMREPLAY_COMPLETE=(\w+)_source mmreplay\b", lines)
+    assert sorted(shells) == ["bash", "fish", "zsh"]
+    for shell in shells:  # as the `mmreplay` console script runs it
+        out = subprocess.run([sys.executable, "-c", "from mmreplay.cli.main import main; main(prog_name='mmreplay')"],
+                             env={**os.environ, "_MMREPLAY_COMPLETE": f"{shell}_source"},
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "_mmreplay_completion" in out.stdout, out.stderr
+
+
 def test_plain_zarr_recipe_leaves_out_an_episode_holding_a_masked_row(tmp_path):
     """The README's plain-zarr block, run on an archive whose store had a damaged row: the row is
     archived masked, and the recipe's ``complete`` episodes are every ended episode but its."""
@@ -83,7 +146,8 @@ def test_plain_zarr_recipe_leaves_out_an_episode_holding_a_masked_row(tmp_path):
     import mmreplay
     from mmreplay.archive import export_archive
 
-    (code,) = [b for b in blocks("python") if 'zarr.open_group("/tmp/cartpole.zarr"' in b]
+    (code,) = [b for b in blocks("python") if "g = zarr.open_group(archive" in b]
+    recipe = "import numpy as np\nimport zarr\n" + code[code.index("g = zarr.open_group(archive"):]  # past its setup
     path = tmp_path / "s"
     with mmreplay.create_store(path, mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32),
                                capacity=10_000, segment_records=64) as s:
@@ -97,8 +161,8 @@ def test_plain_zarr_recipe_leaves_out_an_episode_holding_a_masked_row(tmp_path):
         fh.seek(layout.column("obs").offset + 20 * layout.record_bytes)
         fh.write(b"\xff" * 4)
     assert export_archive(path, tmp_path / "cartpole.zarr").damaged_rows == 1
-    ns: dict[str, object] = {}
-    exec(compile(_paths(code, tmp_path), "README.md", "exec"), ns)  # noqa: S102 - the README's own code
+    ns: dict[str, object] = {"archive": str(tmp_path / "cartpole.zarr")}
+    exec(compile(recipe, "README.md", "exec"), ns)  # noqa: S102 - the README's own code
     episode, masked, complete = ns["episode"], ns["masked"], ns["complete"]
     assert np.flatnonzero(masked).tolist() == [20]
     ended = np.intersect1d(episode[ns["is_first"]], episode[ns["is_last"]])  # what the recipe took before
