@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from mmreplay.core import errors as E
+import mmreplay.errors as E
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -84,7 +84,7 @@ def describe(exc: BaseException) -> tuple[str, str] | None:
             if isinstance(exc, cls):
                 return msg, hint
         return msg, exc.hint
-    from mmreplay.archive.remote import object_store_error  # (an S3 error that left elsewhere than an archive call)
+    from mmreplay.archive import object_store_error  # (an S3 error that left elsewhere than an archive call)
 
     remote = object_store_error(exc)
     if remote is not None:

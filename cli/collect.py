@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -114,9 +113,10 @@ def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: 
     rets = result.episode_returns
     mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
-    from mmreplay.storage.info import disk_usage
+    from mmreplay.storage import disk_footprint
 
-    allocated, files = disk_usage(store) if os.path.isdir(os.path.join(store, "segments")) else (0, 0)
+    disk = disk_footprint(store)  # (zero when the run made no store, or removed the one it could not fill)
+    allocated, files = disk.bytes_on_disk, disk.segment_files
     click.echo(f"{state}: stored {result.steps:,} env steps ({result.transitions:,} transitions, "
                f"{result.episodes:,} episodes, {result.episodes_cut:,} cut by the end of the run, mean return of last {min(len(rets), 100)}: {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
@@ -125,7 +125,7 @@ def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: 
     if result.steps > steps and not result.interrupted:
         click.echo(f"note: --steps {steps:,} is rounded up to whole vector steps ({envs_per_worker} env(s) per worker "
                    f"step together): {result.steps:,} env steps stored")
-    _disk_pressure(store)
+    _disk_pressure(disk.evictions.get("disk", 0))
     if ray:
         restarts = sum(result.restarts.values())
         click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"
@@ -139,11 +139,8 @@ def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: 
         sys.exit(1)
 
 
-def _disk_pressure(store: str) -> None:
-    """One line when a full disk made the store evict below its capacity (the catalog says so)."""
-    from mmreplay.storage.catalog import Catalog
-
-    evicted = Catalog(store).read().evicted.get("disk", 0)
+def _disk_pressure(evicted: int) -> None:
+    """One line when a full disk made the store evict below its capacity (``evicted`` segments)."""
     if evicted:
         click.echo(f"warning: the disk was full: {evicted} segment(s) were evicted to make room, so the store "
                    f"holds fewer rows than its capacity (free disk space, or collect with a smaller --capacity)",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno as _errno
 
 __all__ = [
+    "ArchiveError",
+    "CorruptArchiveError",
     "CorruptSegmentError",
     "CorruptStoreError",
     "DiskFullError",
@@ -17,6 +19,7 @@ __all__ = [
     "FormatVersionError",
     "InvalidValueError",
     "MMReplayError",
+    "ObjectStoreError",
     "RayNotLoopbackError",
     "ReadOnlyStoreError",
     "SchemaError",
