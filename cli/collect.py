@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ._errors import describe, friendly, one_line, reported
+from ._errors import describe, friendly, one_line, worker_failure
 
 
 @click.command("collect")
@@ -130,9 +130,8 @@ def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: 
         restarts = sum(result.restarts.values())
         click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"
                    + (f"; {restarts} actor restart(s)" if restarts else ""))
-    for w, err in sorted(result.errors.items()):
-        last = err.strip().splitlines()[-1] if err.strip() else "unknown error"
-        click.echo(f"worker {w} failed: {reported(last)}", err=True)
+    for w, text in sorted(result.errors.items()):
+        click.echo(f"worker {w} failed: {worker_failure(text, result.exceptions.get(w))}", err=True)
     if result.interrupted:
         sys.exit(128 + (result.signal or 2))  # 130 after Ctrl-C, 143 after SIGTERM
     if result.errors:
