@@ -8,7 +8,8 @@ botocore) that refuses the credentials, has no such bucket or cannot be reached)
 do>)``; the archive functions name the archive URL in an object store's error themselves
 (``mmreplay.archive.remote``). The hint names a command, an option or an environment variable,
 never a Python call. Anything else is a bug and keeps its traceback. ``--debug`` (or
-``MMREPLAY_DEBUG=1``) re-raises every error with its traceback.
+``MMREPLAY_DEBUG=1``) re-raises every error with its traceback. A collect worker's error reaches
+the CLI as the exception the worker raised and is said the same way (:func:`worker_failure`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from mmreplay.core import errors as E
+import mmreplay.errors as E
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,6 +41,7 @@ _HINTS: list[tuple[type[BaseException], str]] = [
     (E.WriterBusyError, "another process writes with that writer id; wait for it or use another --store"),
     (E.StoreLockedError, "another process is using the store; wait for it to finish or use another --store"),
     (E.EmptyStoreError, "add data first: `mmreplay collect ENV_ID --store PATH --steps N`"),
+    (E.InvalidValueError, "a store refuses NaN and Inf: fix the env or the dataset that gave them"),
     (E.StoreFullError, "use a new --store with a larger --capacity"),
     (E.DiskFullError, "free disk space, or use a smaller --capacity"),
     (E.CorruptArchiveError, "export the store again into a new archive: `mmreplay export STORE --to zarr URL`"),
@@ -84,7 +86,7 @@ def describe(exc: BaseException) -> tuple[str, str] | None:
             if isinstance(exc, cls):
                 return msg, hint
         return msg, exc.hint
-    from mmreplay.archive.remote import object_store_error  # (an S3 error that left elsewhere than an archive call)
+    from mmreplay.archive import object_store_error  # (an S3 error that left elsewhere than an archive call)
 
     remote = object_store_error(exc)
     if remote is not None:
@@ -118,17 +120,14 @@ def describe(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
-def reported(line: str) -> str:
-    """A worker's last traceback line (``mmreplay.core.errors.DiskFullError: ... (hint: ...)``) with
-    the CLI hint in place of the library's Python-call one."""
-    m = re.match(r"(?:mmreplay\.core\.errors\.)?(\w+Error): (.*?)(?: \(hint: [^)]*\))?$", line.strip())
-    cls = getattr(E, m.group(1), None) if m else None
-    if m is None or not (isinstance(cls, type) and issubclass(cls, E.MMReplayError)):
-        return line
-    for kind, hint in _HINTS:
-        if issubclass(cls, kind):
-            return one_line(f"{m.group(1)}: {m.group(2)}", hint)
-    return line
+def worker_failure(text: str, exc: BaseException | None) -> str:
+    """A failed collect worker in one line: from the exception it raised (``CollectResult.exceptions``,
+    pickled across the process boundary), a user error's message with its CLI hint; else (a bug, or a
+    worker that died without raising) the last line of ``text``, its traceback or how it died."""
+    found = describe(exc) if exc is not None else None
+    if found is not None:
+        return one_line(*found)
+    return text.strip().splitlines()[-1] if text.strip() else "unknown error"
 
 
 def one_line(message: str, hint: str | None) -> str:

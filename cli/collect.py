@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import click
 
-from ._errors import describe, friendly, one_line, reported
+from ._errors import describe, friendly, one_line, worker_failure
 
 
 @click.command("collect")
@@ -114,9 +113,10 @@ def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: 
     rets = result.episode_returns
     mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
-    from mmreplay.storage.info import disk_usage
+    from mmreplay.storage import disk_footprint
 
-    allocated, files = disk_usage(store) if os.path.isdir(os.path.join(store, "segments")) else (0, 0)
+    disk = disk_footprint(store)  # (zero when the run made no store, or removed the one it could not fill)
+    allocated, files = disk.bytes_on_disk, disk.segment_files
     click.echo(f"{state}: stored {result.steps:,} env steps ({result.transitions:,} transitions, "
                f"{result.episodes:,} episodes, {result.episodes_cut:,} cut by the end of the run, mean return of last {min(len(rets), 100)}: {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
@@ -125,25 +125,21 @@ def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: 
     if result.steps > steps and not result.interrupted:
         click.echo(f"note: --steps {steps:,} is rounded up to whole vector steps ({envs_per_worker} env(s) per worker "
                    f"step together): {result.steps:,} env steps stored")
-    _disk_pressure(store)
+    _disk_pressure(disk.evictions.get("disk", 0))
     if ray:
         restarts = sum(result.restarts.values())
         click.echo(f"shipped through {result.archive}: {result.rows_ingested:,} rows ingested into {store}"
                    + (f"; {restarts} actor restart(s)" if restarts else ""))
-    for w, err in sorted(result.errors.items()):
-        last = err.strip().splitlines()[-1] if err.strip() else "unknown error"
-        click.echo(f"worker {w} failed: {reported(last)}", err=True)
+    for w, text in sorted(result.errors.items()):
+        click.echo(f"worker {w} failed: {worker_failure(text, result.exceptions.get(w))}", err=True)
     if result.interrupted:
         sys.exit(128 + (result.signal or 2))  # 130 after Ctrl-C, 143 after SIGTERM
     if result.errors:
         sys.exit(1)
 
 
-def _disk_pressure(store: str) -> None:
-    """One line when a full disk made the store evict below its capacity (the catalog says so)."""
-    from mmreplay.storage.catalog import Catalog
-
-    evicted = Catalog(store).read().evicted.get("disk", 0)
+def _disk_pressure(evicted: int) -> None:
+    """One line when a full disk made the store evict below its capacity (``evicted`` segments)."""
     if evicted:
         click.echo(f"warning: the disk was full: {evicted} segment(s) were evicted to make room, so the store "
                    f"holds fewer rows than its capacity (free disk space, or collect with a smaller --capacity)",

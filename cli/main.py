@@ -89,9 +89,7 @@ def info(path: str, as_json: bool) -> None:
         click.echo("evicted      " + ", ".join(f"{n} for {why}" for why, n in sorted(data["evictions"].items())))
     if data["lost_segments"]:
         lost = data["lost_segments"]
-        from mmreplay.storage.catalog import short_list
-
-        click.echo(f"LOST         {len(lost)} segment file(s), {sum(lost.values()):,} rows: {short_list(sorted(lost))} "
+        click.echo(f"LOST         {len(lost)} segment file(s), {sum(lost.values()):,} rows: {_short_list(sorted(lost))} "
                    "(not evicted; run `mmreplay verify`)", err=True)
     if data["damaged_rows"]:
         left = data["damaged_rows"] - data["masked_rows"]
@@ -126,6 +124,12 @@ def info(path: str, as_json: bool) -> None:
         click.echo(_one_line(f"run          {run['name']}: {run.get('kind', '?')} {run.get('env_id', '')} "
                              f"policy={run.get('policy', '?')} seed={run.get('seed', '?')} "
                              f"steps={'?' if steps is None else steps} status={run.get('status', '?')}"))
+
+
+def _short_list(names: list[str], most: int = 5) -> str:
+    """``a, b, c`` or ``a, b, c, d, e and 12 more``: a line stays readable."""
+    head = ", ".join(names[:most])
+    return head if len(names) <= most else f"{head} and {len(names) - most} more"
 
 
 def _one_line(text: str) -> str:

@@ -235,7 +235,7 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)  # variables.") are not the run's to print
     try:
         cfg = train_config(env_id, opts)
-        from mmreplay.agent.envs import check_env_id
+        from mmreplay.agent import check_env_id
 
         for env in {cfg.env_id, cfg.eval_env} - {None}:
             check_env_id(env)  # a typo fails here, before torch loads or anything is made
@@ -285,10 +285,11 @@ def _summary(cfg: Any, result: Any) -> None:
     click.echo(f"updates      {result.updates:,}  ({result.updates_per_s:,.0f}/s, data wait {result.data_wait:.1%})")
     click.echo(f"wall time    {result.wall_s:.1f} s")
     if not cfg.offline and cfg.store:
-        from mmreplay.storage.info import disk_usage
+        from mmreplay.storage import disk_footprint
 
-        allocated, files = disk_usage(cfg.store)
-        click.echo(f"store        {cfg.store}: {allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")
+        disk = disk_footprint(cfg.store)
+        click.echo(f"store        {cfg.store}: {disk.bytes_on_disk / 2**20:,.1f} MiB allocated on disk in "
+                   f"{disk.segment_files} segment file(s)")
         _store_episodes(cfg.store)
     if result.damaged_rows:
         click.echo(f"DAMAGED      {result.damaged_rows:,} row(s) of the store failed their checksums and were left out "
@@ -322,7 +323,7 @@ def plot_cmd(run_dir: str, compare: tuple[str, ...], out: str | None, title: str
       mmreplay plot runs/cp --out cp.png --title "CartPole DQN"
       mmreplay plot runs/cp-s1 runs/cp-s2 runs/cp-s3 --out seeds.png
     """
-    from mmreplay.train.runlog import plot_run
+    from mmreplay.train import plot_run
 
     try:
         path = plot_run(run_dir, out, title=title, compare=compare)

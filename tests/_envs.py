@@ -102,3 +102,20 @@ def thread_probe_cartpole():
     with open(os.environ["MMREPLAY_TEST_THREADS_FILE"], "w") as f:
         f.write(str(torch.get_num_threads()))
     return gym.make("CartPole-v1")
+
+
+class NaNEnv(gym.Env):
+    """A toy whose observations turn NaN after 20 steps: the store refuses them in the worker
+    (``InvalidValueError``)."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.n += 1
+        return np.full(3, np.nan if self.n > 20 else 0.5, np.float32), 1.0, False, False, {}

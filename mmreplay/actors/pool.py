@@ -18,7 +18,10 @@ Invariants:
   episode the end of the run cuts is stored as a truncation (D4RL ``timeouts``, Minari).
 * Every published row survives Ctrl-C (workers are told to stop, finish their step and close
   their writers, keeping the final observations) and a crash of any other worker. A worker also
-  stops when its parent dies. A crashed worker is reported; the others finish.
+  stops when its parent dies. A crashed worker is reported; the others finish. Its error crosses
+  the process boundary as the exception it raised (pickled; an ``MMReplayError`` keeps its type,
+  message and hint) beside its formatted traceback: :attr:`CollectResult.exceptions` and
+  :attr:`CollectResult.errors`.
 * A store collect creates from a Box action space records ``action_scale: "env"`` and the Box's
   bounds in its metadata (:func:`action_scale_metadata`).
 * Seeds: env copy ``j`` of worker ``w`` is reset with ``seed + w * E + j`` and the random policy's
@@ -74,6 +77,14 @@ class CollectResult:
     signal: int | None = None
     """The signal that stopped the run (SIGINT or SIGTERM), if one did."""
     errors: dict[int, str] = dataclasses.field(default_factory=dict)
+    """Worker index -> what ended it, as text for display and records: the formatted traceback of
+    the exception it raised, or how it died (``worker 1 died (signal 9)``). Every failed worker is
+    here."""
+    exceptions: dict[int, BaseException] = dataclasses.field(default_factory=dict)
+    """Worker index -> the exception it raised, rebuilt in this process from its pickle (no traceback
+    or cause attached: those are in ``errors``), for a caller that acts on its type: ``mmreplay
+    collect`` prints an ``MMReplayError``'s message with its hint. A worker that died without raising
+    (a signal, an exit code), or whose exception does not pickle, is in ``errors`` only."""
     provenance: str | None = None
     loop_seconds: float = 0.0
     """The longest worker's stepping loop (no process start-up, env creation or store opening)."""
@@ -126,10 +137,34 @@ def _worker_process(cfg: WorkerConfig, q: Any, stop: Any, counts: Any, allowed: 
 
     try:
         run_worker(cfg, report, should_stop, may_step if counts is not None else None)
-    except BaseException:
-        q.put(("error", w, traceback.format_exc()))
+    except BaseException as exc:
+        q.put(("error", w, (traceback.format_exc(), _pickled(exc))))
         raise SystemExit(1) from None
     q.put(("exit", w, None))
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    """``exc`` pickled for the parent (the queue's feeder thread would drop a message it cannot
+    pickle, text and all), or ``None`` when it does not pickle or unpickle."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data
+
+
+def _failure(payload: tuple[str, bytes | None]) -> tuple[str, BaseException | None]:
+    """A worker's ``("error", ...)`` payload as its traceback text and the exception it raised
+    (``None`` when none came, or it cannot be rebuilt here)."""
+    text, data = payload
+    if data is None:
+        return text, None
+    try:
+        exc = pickle.loads(data)
+    except Exception:
+        return text, None
+    return text, exc if isinstance(exc, BaseException) else None
 
 
 def _spawn(cfgs: list[WorkerConfig], *, limited: bool) -> tuple[Any, Any, Any, Any, list[Any]]:
@@ -361,7 +396,9 @@ def _run_processes(cfgs: list[WorkerConfig], absorb: Callable[[dict[str, Any]], 
         if kind == "progress":
             absorb(payload)
         elif kind == "error":
-            result.errors[w] = payload
+            result.errors[w], exc = _failure(payload)
+            if exc is not None:
+                result.exceptions[w] = exc
         elif kind == "exit":
             running.discard(w)
 
@@ -480,6 +517,9 @@ class ActorPool:
         self._returns: deque[float] = deque(maxlen=1000)
         self._episodes = 0
         self.errors: dict[int, str] = {}
+        """Actor index -> the formatted traceback of what it raised, or how it died."""
+        self.exceptions: dict[int, BaseException] = {}
+        """Actor index -> the exception it raised (as :attr:`CollectResult.exceptions`)."""
 
     def start(self) -> ActorPool:
         """Spawn the actors (each loads the policy file first: write it before starting)."""
@@ -506,7 +546,9 @@ class ActorPool:
                 self._returns.extend(payload["returns"])
                 self._episodes += payload["episodes"]
             elif kind == "error":
-                self.errors[w] = payload
+                self.errors[w], exc = _failure(payload)
+                if exc is not None:
+                    self.exceptions[w] = exc
 
     def episode_returns(self, last: int = 100) -> list[float]:
         """Returns of the last ``last`` completed episodes (any actor)."""
@@ -520,14 +562,15 @@ class ActorPool:
         return self._episodes
 
     def check(self) -> None:
-        """Raise ``RuntimeError`` with the traceback if an actor failed."""
+        """Raise ``RuntimeError`` with the traceback if an actor failed (from the exception it raised,
+        where one came)."""
         self._drain()
         for w, p in enumerate(self._procs):
             if not p.is_alive() and p.exitcode not in (0, None) and w not in self.errors:
                 self.errors[w] = f"actor {w} died (exit code {p.exitcode})"
         if self.errors:
             w, tb = next(iter(self.errors.items()))
-            raise RuntimeError(f"actor {w} failed:\n{tb}")
+            raise RuntimeError(f"actor {w} failed:\n{tb}") from self.exceptions.get(w)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every actor; each closes its writer, so every row it wrote stays in the store."""

@@ -57,6 +57,8 @@ class Slot:
     restarts: int = 0
     finished: bool = False
     error: str | None = None
+    exception: BaseException | None = None
+    """The exception the actor's run raised (Ray's ``RayTaskError.cause``), beside ``error``'s text."""
     limit_sent: int | None = None
     archive: str | None = None
     dead: set[str] = dataclasses.field(default_factory=set)
@@ -202,6 +204,8 @@ class Fleet:
                 continue
             except Exception as exc:  # an error inside the actor (env, store): not retried
                 s.error = str(exc)
+                cause = getattr(exc, "cause", None)  # (what the actor raised; ``exc`` is Ray's wrapper)
+                s.exception = cause if isinstance(cause, BaseException) else exc
                 continue
             self._absorb(s, final)
             self._fold(s)
@@ -355,6 +359,10 @@ class Fleet:
     def errors(self) -> dict[int, str]:
         with self._lock:
             return {i: s.error for i, s in enumerate(self.slots) if s.error is not None}
+
+    def exceptions(self) -> dict[int, BaseException]:
+        with self._lock:
+            return {i: s.exception for i, s in enumerate(self.slots) if s.exception is not None}
 
     @property
     def finished(self) -> bool:

@@ -295,6 +295,7 @@ def _fold(fleet: Fleet, result: RayCollectResult) -> None:
     result.bytes_written = tot["bytes"]
     result.episode_returns = list(fleet.returns)
     result.errors = fleet.errors()
+    result.exceptions = fleet.exceptions()
     result.rows_ingested = fleet.rows_ingested
     result.restarts = {i: s.restarts for i, s in enumerate(fleet.slots) if s.restarts}
     result.loop_seconds = max((float(s.base["loop_s"]) for s in fleet.slots), default=0.0)
@@ -416,7 +417,7 @@ class RayActorPool:
         errs = f.errors()
         if errs:
             i, tb = next(iter(errs.items()))
-            raise RuntimeError(f"actor {i} failed:\n{tb}")
+            raise RuntimeError(f"actor {i} failed:\n{tb}") from f.exceptions().get(i)
         if f.monitor_error is not None:
             raise RuntimeError(f"the actor monitor failed:\n{f.monitor_error}")
         if isinstance(f.ingest_error, MMReplayError):  # OSErrors (a storage hiccup) are retried instead

@@ -3,13 +3,20 @@
 Every error derives from :class:`MMReplayError` and, where one fits, from the builtin it
 refines (``StoreNotFoundError`` is a ``FileNotFoundError``, ``DiskFullError`` an ``OSError``),
 so callers can catch either. Each error carries a ``hint``: what to do next.
+
+Every error pickles whole (its type, message, hint, ``kind``, ``errno`` and other attributes; not
+its traceback or cause): a collect worker's error reaches the parent as the exception it raised
+(``CollectResult.exceptions``).
 """
 
 from __future__ import annotations
 
 import errno as _errno
+from typing import Any
 
 __all__ = [
+    "ArchiveError",
+    "CorruptArchiveError",
     "CorruptSegmentError",
     "CorruptStoreError",
     "DiskFullError",
@@ -17,6 +24,7 @@ __all__ = [
     "FormatVersionError",
     "InvalidValueError",
     "MMReplayError",
+    "ObjectStoreError",
     "RayNotLoopbackError",
     "ReadOnlyStoreError",
     "SchemaError",
@@ -43,6 +51,15 @@ class MMReplayError(Exception):
     def __str__(self) -> str:
         msg = super().__str__()
         return f"{msg} (hint: {self.hint})" if self.hint else msg
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its message, then every attribute set again: a hint given, a subclass's own
+        # fields, and an OSError's errno / strerror / filename (slots, which the default leaves out)
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):
+            state.update({k: getattr(self, k) for k in ("errno", "strerror", "filename", "filename2")
+                          if getattr(self, k) is not None})
+        return type(self), self.args, state
 
 
 class SchemaError(MMReplayError, ValueError):

@@ -18,13 +18,15 @@ imports counted; no ``_private`` name crosses modules):
   step), ``writer`` (the append path);
 * **read**: ``reader`` (a process's view of every segment, row gathers, the transition-start
   rule), ``transitions`` (one-step transition batches), ``verify`` (checks and repair), ``info``
-  (statistics for ``info()``);
+  (statistics for ``info()``; ``disk_footprint``: a store's size on disk and evictions, read without
+  opening it);
 * **store**: ``store`` (``ReplayStore``, the user's object: create, open, write, read, inspect);
 * **seams**: ``exchange`` (rows in and out as whole segments: ``Ingest``, ``SessionIngest``,
   ``segment_rows``), ``opening`` (open-or-create for an env, the one compatibility rule).
 
-Other rooms use only the names exported here: the user's objects, the exchange seam, and the read
-contract the samplers' kernels use (the segment table's columns, the row flags).
+Other rooms (and the command line) use only the names exported here: the user's objects, the
+exchange seam, and the read contract the samplers' kernels use (the segment table's columns, the
+row flags).
 
 Invariants kept here: a row is visible only once its writer has published it, and never
 changes after; sealed segments are immutable; no row of a sealed segment is served before the
@@ -37,6 +39,7 @@ from ..core.batch import TransitionBatch
 from .exchange import Ingest, SegmentInfo, SegmentRows, SessionIngest, segment_rows
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE, Header, read_control
 from .format import kernel as storage_kernels
+from .info import DiskFootprint, disk_footprint
 from .manifest import MANIFEST, default_segment_records, read_manifest, segment_records_for
 from .opening import open_or_create
 from .segment import parse_segment_name
@@ -50,6 +53,8 @@ __all__ = [
     # the user's objects and calls
     "Durability", "ReplayStore", "TransitionBatch", "Writer", "create_store", "open_or_create", "open_store",
     "read_manifest", "default_segment_records", "segment_records_for", "MANIFEST",
+    # what a store takes on disk and evicted, without opening it (a run's summary, `mmreplay collect`)
+    "DiskFootprint", "disk_footprint",
     # the seam for archives, shipping and imports: rows in and out as whole segments
     "Ingest", "SegmentInfo", "SegmentRows", "SessionIngest", "segment_rows",
     # the read contract samplers and their kernels use: the reader's segment table and row flags

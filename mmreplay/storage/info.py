@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .catalog import Catalog
 from .format import STAMP_DTYPE, STATE_NAMES, STATE_SEALED
 from .locks import held_elsewhere, writer_lock_name
 from .provenance import cut_rows, read_provenance
@@ -162,6 +165,32 @@ def disk_usage(path: str | os.PathLike[str]) -> tuple[int, int]:
                 continue
             files += 1
     return disk, files
+
+
+@dataclass(frozen=True)
+class DiskFootprint:
+    """What a store's directory holds on disk and what it gave up, read without opening the store
+    (:func:`disk_footprint`): for a summary line after a run, beside a writer still at work."""
+
+    bytes_on_disk: int = 0
+    """Bytes allocated to its segment files, spares and open ones included (preallocated space counts
+    in full), as ``info()["bytes_on_disk"]``."""
+    segment_files: int = 0
+    """Segment files in its ``segments`` directory, as ``info()["segment_files"]``."""
+    evictions: dict[str, int] = field(default_factory=dict)
+    """Segments evicted so far, by reason (``capacity``; ``disk``: a full disk made the store evict
+    below its capacity), as ``info()["evictions"]``."""
+
+
+def disk_footprint(path: str | os.PathLike[str]) -> DiskFootprint:
+    """The :class:`DiskFootprint` of the store at ``path``: lists its segment directory and reads its
+    catalog; takes no lock, runs no recovery and reads no row (``ReplayStore.info()`` counts rows and
+    episodes too). A path that holds no store (not yet, or not any more) has a footprint of zero."""
+    try:
+        disk, files = disk_usage(path)
+    except (FileNotFoundError, NotADirectoryError):
+        disk = files = 0
+    return DiskFootprint(disk, files, dict(Catalog(Path(path)).read().evicted))
 
 
 def tier_summary(reader: StoreReader, layout: Layout) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """train: the DQN / offline-RL trainer — config, learner, loops, run directory, checkpoints, metrics.
 
-Modules: ``config`` (TrainConfig, presets, validation, run-dir naming; no torch, so the CLI
-checks a config before torch loads), ``learner`` (Learner: the Q network, its target, one step
+Modules: ``config`` (TrainConfig, presets, validation, run-dir naming, ``box_actions``: whether an
+offline store or archive holds Box actions, so CORL's preset fits it; no torch, so the CLI checks a
+config before torch loads), ``learner`` (Learner: the Q network, its target, one step
 of DQN / CQL / BC), ``continuous`` (TD3+BC, IQL and BC for Box actions: ContinuousLearner),
 ``loops`` (``train`` and the synchronous, actor and offline loops), ``run`` (Run: the run
 directory, counters, sampler, evaluation, checkpoints on schedule; TrainResult), ``batches``
@@ -26,6 +27,7 @@ from typing import Any
 from .config import (
     TrainConfig,
     atari_config,
+    box_actions,
     config_for,
     continuous_config,
     default_run_dir,
@@ -42,8 +44,9 @@ _LAZY = {"ContinuousLearner": "continuous", "Learner": "learner", "train": "loop
          "replay_segment_records": "stores", "read_metrics": "runlog", "plot_run": "runlog",
          "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
-    "Batches", "ContinuousLearner", "Learner", "Run", "TrainConfig", "TrainResult", "atari_config",
-    "config_for", "continuous_config", "default_run_dir", "linear_schedule", "load_checkpoint", "minatar_config", "pick_device",
+    "Batches", "ContinuousLearner", "Learner", "Run", "TrainConfig", "TrainResult", "atari_config", "box_actions",
+    "config_for", "continuous_config", "default_run_dir", "linear_schedule", "load_checkpoint", "minatar_config",
+    "pick_device",
     "plot_run", "read_metrics", "replay_segment_records", "resume_config", "save_checkpoint",
     "target_update_interval_of", "to_tensors", "train", "train_actors", "train_offline", "train_online",
     "validate_config",

@@ -105,6 +105,18 @@ def test_a_crashed_worker_is_reported_and_the_others_finish(tmp_path):
         assert store.provenance()[-1]["status"] == "failed"
 
 
+def test_a_workers_mmreplay_error_reaches_the_parent_as_the_exception_it_raised(tmp_path):
+    """A worker's exception crosses the process boundary pickled: its type, message and hint
+    (``exceptions``), beside its formatted traceback (``errors``)."""
+    res = collect(_envs.NaNEnv, tmp_path / "s", 400, workers=2, seed=0, progress=False)
+    assert set(res.exceptions) == set(res.errors) == {0, 1}, res.errors
+    for w, exc in res.exceptions.items():
+        assert type(exc) is mmreplay.InvalidValueError and exc.hint == mmreplay.InvalidValueError.hint
+        assert exc.__traceback__ is None and "obs" in str(exc)  # (the field it names; the traceback is text)
+        text = res.errors[w]
+        assert text.startswith("Traceback") and text.strip().splitlines()[-1] == f"mmreplay.core.errors.InvalidValueError: {exc}"
+
+
 def test_policy_spec_parsing():
     assert PolicySpec.parse("random") == PolicySpec()
     assert PolicySpec.parse("eps-greedy:/a/b.pt") == PolicySpec("eps-greedy", "/a/b.pt", None)

@@ -170,3 +170,22 @@ def test_plot_of_a_run_with_nothing_recorded_writes_nothing(tmp_path):
     line = _one_line_error(_cli(["plot", run], tmp_path))
     assert "nothing to plot" in line and "metrics.csv" in line, line
     assert not (run / "learning_curve.png").exists()
+
+
+def test_a_failed_worker_is_said_from_the_exception_it_raised():
+    """``mmreplay collect``'s line for a failed worker comes from the exception object the worker
+    sent (``CollectResult.exceptions``): a user error's type, message and CLI hint, whatever its
+    traceback text says; a bug's last traceback line; how a worker died, when it raised nothing."""
+    import errno
+    import pickle
+
+    from mmreplay.cli._errors import worker_failure
+
+    exc = pickle.loads(pickle.dumps(mmreplay.DiskFullError("cannot allocate 8 bytes for s/x.seg: File too large",
+                                                           err=errno.EFBIG)))
+    text = "Traceback (most recent call last):\n  ...\nmmreplay.core.errors.DiskFullError: [Errno 27] ... (hint: lower capacity=)\n"
+    assert worker_failure(text, exc) == ("DiskFullError: cannot allocate 8 bytes for s/x.seg: File too large "
+                                         "(hint: free disk space, or use a smaller --capacity)")
+    assert worker_failure("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n",
+                          RuntimeError("boom")) == "RuntimeError: boom"
+    assert worker_failure("worker 1 died (signal 9)", None) == "worker 1 died (signal 9)"

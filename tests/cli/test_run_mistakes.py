@@ -134,6 +134,10 @@ def test_disk_full_on_a_new_store_names_cli_flags_and_leaves_no_store(tmp_path):
     r = _mm("collect", "CartPole-v1", "--store", tmp_path / "d", "--steps", 100, preexec_fn=limit)
     assert r.returncode == 1 and "DiskFullError" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "capacity=" not in r.stderr and "on_full" not in r.stderr and "--" in r.stderr.split("hint:")[1]
+    # the worker's DiskFullError (EFBIG) reaches the CLI as that exception: its message, without the errno prefix
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("worker 0 failed: "))
+    assert line.startswith("worker 0 failed: DiskFullError: cannot allocate ") and "[Errno" not in line, r.stderr
+    assert line.endswith("File too large (hint: free disk space, or use a smaller --capacity)"), line
     assert not (tmp_path / "d").exists()
 
 

@@ -274,6 +274,21 @@ def test_ray_collect_ships_every_row_once(tmp_path, ray_local):
 
 
 @pytest.mark.slow
+def test_a_ray_actors_error_reaches_the_driver_as_the_exception_it_raised(tmp_path, ray_local):
+    """As from a local worker (``CollectResult.exceptions``): the actor's own exception, not Ray's wrapper."""
+    from _envs import NaNEnv
+
+    from mmreplay.cluster import ray_collect
+
+    res = ray_collect(NaNEnv, tmp_path / "archive", 400, actors=1, store=tmp_path / "learner", segment_records=64,
+                      local_dir=str(tmp_path / "local"), export_s=0.2, ingest_s=0.1, actor_cpus=1, seed=3,
+                      progress=False)
+    assert set(res.errors) == set(res.exceptions) == {0}, res.errors
+    exc = res.exceptions[0]
+    assert type(exc) is mmreplay.InvalidValueError and exc.hint == mmreplay.InvalidValueError.hint, repr(exc)
+
+
+@pytest.mark.slow
 def test_ray_pool_survives_a_killed_actor_and_ships_weights(tmp_path, ray_local):
     ray = ray_local
     from _cluster_envs import CounterEnv, counter_env

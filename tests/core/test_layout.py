@@ -8,6 +8,22 @@ Rooms, lowest first (a room may import itself and any room before it)::
 ``mmreplay/__init__.py``, ``__main__.py`` and the ``errors`` / ``schema`` re-export modules are
 the facade: they may import any room, and no room imports them. Imports inside functions
 count; imports under ``if TYPE_CHECKING:`` do not (they never run).
+
+``cli/`` (installed as ``mmreplay.cli``) stands above every room and uses only what a user is told
+to import (README, ``docs/reference.py``); its whole public surface, types and modules included:
+
+* ``mmreplay``: the names in ``mmreplay.__all__`` (the quickstart's; ``__version__``), and the
+  facade modules ``mmreplay.errors`` and ``mmreplay.schema`` with the names in their ``__all__``;
+* a room that says what is public with an ``__all__`` (``mmreplay.storage``, ``mmreplay.train``,
+  ...): the names in it, imported from the room's package, never from one of its modules;
+* a room without one (``interop``, ``integrations``, ``loader``): its modules whose names do not
+  start with ``_`` (``mmreplay.interop.minari``, ``mmreplay.integrations.sb3``), with the names in
+  their ``__all__`` (or every name not starting with ``_`` where a module has none);
+* ``core`` is reached through the facade only (``mmreplay.errors``, ``mmreplay.schema``, ``mmreplay``).
+
+No ``_private`` name, module or attribute anywhere, and the same rule for an attribute read off an
+imported module (``mmreplay.open_store``, ``E.SchemaError``). What the CLI needs and no room exports
+is exported by that room, with a docstring saying what it is for users, or done by the CLI itself.
 """
 
 from __future__ import annotations
@@ -420,3 +436,116 @@ def test_every_persisting_call_of_the_storage_room_goes_through_core_fs():
             if hit and (path.name, attr) not in _ALLOWED:
                 found.append(f"{path.name}:{node.lineno} {owner_name or '<expr>'}.{attr}")
     assert not found, f"persisting calls not routed through mmreplay.core.fs: {found}"
+
+
+# -- the command line: public names only ----------------------------------------------------------------
+FACADE_MODULES = ("mmreplay.errors", "mmreplay.schema")
+
+
+def _public_names(mod: str) -> set[str] | None:
+    """The names a user imports from module ``mod``; ``None`` when ``mod`` is no public module (see
+    the module docstring)."""
+    import importlib
+
+    parts = mod.split(".")
+    if parts[0] != "mmreplay" or any(p.startswith("_") for p in parts[1:]):
+        return None
+    if mod == "mmreplay":
+        m = importlib.import_module(mod)
+        return {*m.__all__, *(f.split(".")[1] for f in FACADE_MODULES)}
+    if mod in FACADE_MODULES:
+        return set(importlib.import_module(mod).__all__)
+    room = parts[1]
+    if room not in ORDER or room == "core" or len(parts) > 3:
+        return None
+    pkg = importlib.import_module(f"mmreplay.{room}")
+    public = vars(pkg).get("__all__")
+    modules = {p.stem for p in (PKG / room).glob("*.py") if not p.stem.startswith("_")}
+    if len(parts) == 2:
+        return set(public) if public is not None else modules
+    if public is not None or parts[2] not in modules:
+        return None  # a room with __all__ is imported from its package
+    m = importlib.import_module(mod)
+    return set(vars(m).get("__all__") or (n for n in vars(m) if not n.startswith("_")))
+
+
+def _cli_violations(source: str, where: str = "<cli>") -> list[str]:
+    """Every place ``source`` (a module of cli/) reaches below the public surface or a private name."""
+    bad: list[str] = []
+    bound: dict[str, str] = {}  # local name -> the public mmreplay module it is bound to
+
+    def check(mod: str, names: list[str], line: int) -> None:
+        public = _public_names(mod)
+        if public is None:
+            bad.append(f"{where}:{line}: {mod} is not a public module")
+            return
+        bad.extend(f"{where}:{line}: {mod}.{n} is not public" for n in names if n not in public)
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] != "mmreplay":
+                    continue
+                parent, _, last = a.name.rpartition(".")
+                if parent:
+                    check(parent, [last], node.lineno)
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else "mmreplay"
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "mmreplay":
+            check(node.module, [a.name for a in node.names], node.lineno)  # type: ignore[arg-type]
+            for a in node.names:
+                if _public_names(f"{node.module}.{a.name}") is not None:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        if node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"{where}:{node.lineno}: .{node.attr} is private")
+            continue
+        chain, base = [node.attr], node.value
+        while isinstance(base, ast.Attribute):
+            chain.append(base.attr)
+            base = base.value
+        if isinstance(base, ast.Name) and base.id in bound and len(chain) == 1:  # (longer chains: their inner node)
+            check(bound[base.id], chain, node.lineno)
+    return bad
+
+
+def test_the_cli_uses_only_public_names():
+    """``cli/`` imports only the public surface of the module docstring: no module path below a
+    room's exports, no ``_private`` name, module or attribute."""
+    bad = []
+    for p in sorted((ROOT / "cli").rglob("*.py")):
+        bad += _cli_violations(p.read_text(), str(p.relative_to(ROOT)))
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_cli_check_finds_what_it_looks_for():
+    ok = """
+import mmreplay
+import mmreplay.errors as E
+from mmreplay import open_store, errors
+from mmreplay.storage import disk_footprint
+from mmreplay.interop.minari import export_minari
+from mmreplay.integrations.sb3 import MMReplayBuffer
+x = mmreplay.open_store, E.SchemaError, mmreplay.__version__, errors.DiskFullError
+"""
+    assert _cli_violations(ok) == []
+    bad = {
+        "from mmreplay.storage.info import disk_usage": "mmreplay.storage.info is not a public module",
+        "from mmreplay.storage.catalog import Catalog": "mmreplay.storage.catalog is not a public module",
+        "from mmreplay.core import errors": "mmreplay.core is not a public module",
+        "import mmreplay.core.errors as E": "mmreplay.core is not a public module",
+        "from mmreplay.train.config import box_actions": "mmreplay.train.config is not a public module",
+        "from mmreplay.storage import Catalog": "mmreplay.storage.Catalog is not public",
+        "from mmreplay.actors import _x": "mmreplay.actors._x is not public",
+        "from mmreplay.cluster._fleet import Fleet": "mmreplay.cluster._fleet is not a public module",
+        "from mmreplay.integrations._lanes import x": "mmreplay.integrations._lanes is not a public module",
+        "import mmreplay\nmmreplay.storage_info": "mmreplay.storage_info is not public",
+        "import mmreplay.errors as E\nE.Nope": "mmreplay.errors.Nope is not public",
+        "store._reader": "._reader is private",
+    }
+    for src, want in bad.items():
+        found = _cli_violations(src)
+        assert any(want in f for f in found), (src, found)
