@@ -131,8 +131,15 @@ def test_read_only_filesystem_targets_are_one_line(tmp_path, cartpole, cartpole_
         pytest.skip("needs root and mount")
     try:
         assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)]).returncode == 0
+        plotted = tmp_path / "plotted"  # a run with a return to draw (the offline one above evaluated nothing)
+        plotted.mkdir()
+        from mmreplay.train.runlog import COLUMNS
+
+        row = {c: "" for c in COLUMNS} | {"step": "100", "updates": "1", "time_s": "1", "eval_return": "10",
+                                           "eval_std": "0"}
+        (plotted / "metrics.csv").write_text(",".join(COLUMNS) + "\n" + ",".join(row[c] for c in COLUMNS) + "\n")
         cases = [
-            ["plot", cartpole_policy.parent, "--out", mnt / "curve.png"],
+            ["plot", plotted, "--out", mnt / "curve.png"],
             ["export", cartpole, "--to", "zarr", mnt / "cp.zarr"],
             ["train", "--offline", "--store", cartpole, "--eval-env", "CartPole-v1", "--steps", "10",
              "--eval-episodes", "0", "--run-dir", mnt / "run"],
