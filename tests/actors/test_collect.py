@@ -253,7 +253,9 @@ def test_actor_pool_respects_the_limit_and_follows_new_weights(tmp_path):
             time.sleep(0.05)
         pool.check()
     with mmreplay.open_store(tmp_path / "s") as store:
-        assert store.num_rows - base_rows == 800 + 4  # + each lane's final observation
+        # + each lane's step after the stop that marks its running episode cut (outside the limit, which
+        # counts the steps taken while the trainer runs), + each lane's final observation
+        assert store.num_rows - base_rows == 800 + 4 + 4
         ids = store.transition_ids()
         b = store.transitions(ids)
     greedy = load_policy(pol).act(b.obs) == b.action
