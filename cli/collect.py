@@ -61,6 +61,7 @@ def collect_cmd(env_id: str, **options: Any) -> None:
       mmreplay collect CartPole-v1 --store /data/cp --steps 200000 --workers 4 --ray
     """
     env, writer, run, ship = collect_specs(env_id, options)
+    _against_the_store(options)
     if ship is not None:
         from mmreplay.cluster import run_ray_collect
 
@@ -75,6 +76,34 @@ def collect_cmd(env_id: str, **options: Any) -> None:
                 raise
             raise click.ClickException(one_line(str(exc), "see `mmreplay collect --help`")) from None
     _summary(result, options["store"], options["steps"], run.envs_per_worker, ray=ship is not None)
+
+
+def _against_the_store(o: dict[str, Any]) -> None:
+    """Options that cannot apply, said in the options' terms before anything runs: a
+    ``--segment-records`` other than an existing store's (a usage error), a ``--capacity`` given for
+    an existing store (a note: it keeps its own), more ``--workers`` than cores (a note)."""
+    import os
+
+    import mmreplay
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if o["workers"] > cores:
+        click.echo(f"note: --workers {o['workers']} on {cores} core(s): each worker is a process with its own envs "
+                   "and segment files; past the cores they take turns (fewer workers with more --envs-per-worker "
+                   "step faster)", err=True)
+    try:
+        with mmreplay.open_store(o["store"], mode="r", check_at_open=False) as st:
+            records, capacity = st.segment_records, st.capacity
+    except mmreplay.MMReplayError:  # no store yet (or one the run itself will report on)
+        return
+    if o["segment_records"] is not None and o["segment_records"] != records:
+        raise click.BadParameter(f"{o['segment_records']:,}: the store at {o['store']} has {records:,} rows per "
+                                 "segment, set when it was made (leave --segment-records out to add to it, or "
+                                 "collect into a new --store)", param_hint="--segment-records")
+    source = click.get_current_context().get_parameter_source("capacity")
+    if source is click.core.ParameterSource.COMMANDLINE and o["capacity"] != capacity:
+        click.echo(f"note: --capacity applies to a new store: {o['store']} keeps its capacity of {capacity:,} rows",
+                   err=True)
 
 
 def collect_specs(env_id: str, o: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
@@ -111,14 +140,15 @@ def collect_specs(env_id: str, o: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
 def _summary(result: Any, store: str, steps: int, envs_per_worker: int, *, ray: bool) -> None:
     """Print what the run stored, its warnings and errors; exit 130 / 143 if interrupted, 1 on errors."""
     rets = result.episode_returns
-    mean = f"{sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets else "-"
+    mean = (f"mean return of last {min(len(rets), 100)}: {sum(rets[-100:]) / len(rets[-100:]):.2f}" if rets
+            else "no episode finished")
     state = "interrupted" if result.interrupted else ("finished with errors" if result.errors else "done")
     from mmreplay.storage import disk_footprint
 
     disk = disk_footprint(store)  # (zero when the run made no store, or removed the one it could not fill)
     allocated, files = disk.bytes_on_disk, disk.segment_files
     click.echo(f"{state}: stored {result.steps:,} env steps ({result.transitions:,} transitions, "
-               f"{result.episodes:,} episodes, {result.episodes_cut:,} cut by the end of the run, mean return of last {min(len(rets), 100)}: {mean}) "
+               f"{result.episodes:,} episodes, {result.episodes_cut:,} cut by the end of the run, {mean}) "
                f"in {result.seconds:.1f} s, {result.steps_per_s:,.0f} steps/s, "
                f"{result.bytes_written / 2**20:,.1f} MiB of rows; seed {result.seed}; store {store}: "
                f"{allocated / 2**20:,.1f} MiB allocated on disk in {files} segment file(s)")

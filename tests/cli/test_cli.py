@@ -114,3 +114,24 @@ def test_train_help_says_the_default_each_preset_applies_written_from_the_preset
         values = {getattr(make(), field) for make in (TrainConfig, atari_config, minatar_config, continuous_config)}
         assert len(values) > 1 and all(f"{v:,}" in shown for v in values), (shown, values)
     assert preset_defaults("eval_every") == "[10,000; atari 250,000; minatar 50,000; continuous 5,000]"
+
+
+def test_collect_options_that_cannot_apply_to_an_existing_store_are_said_in_their_terms(tmp_path, monkeypatch):
+    """``--segment-records`` other than the store's: a usage error naming the flag (exit 2), before
+    any worker starts; ``--capacity`` given for an existing store: a note that the store keeps its
+    own; more ``--workers`` than cores: a note."""
+    import os
+
+    store = str(tmp_path / "s")
+    base = ["collect", "CartPole-v1", "--store", store, "--steps", "20", "--seed", "0", "--no-progress"]
+    r = CliRunner().invoke(main, [*base, "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, [*base, "--workers", "0", "--segment-records", "5000"])
+    assert r.exit_code == 2 and "--segment-records" in r.output and "rows per segment" in r.output, r.output
+    assert "SchemaError" not in r.output
+    r = CliRunner().invoke(main, [*base, "--workers", "0", "--capacity", "10"])
+    assert r.exit_code == 0 and "note: --capacity applies to a new store" in r.output and "1,000,000" in r.output, (
+        r.output)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    r = CliRunner().invoke(main, [*base, "--workers", "2"])
+    assert r.exit_code == 0 and "note: --workers 2 on 1 core(s)" in r.output, r.output
