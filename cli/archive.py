@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import click
 
 from ._errors import friendly
 from ._progress import _PROGRESS, _progress
+
+
+@contextmanager
+def _stoppable(what: str, kept: str, progress: Any) -> Iterator[Any]:
+    """Around an export or import: Ctrl-C or SIGTERM stops it with one line saying what is kept
+    (whole segments: the archive or the store counts a segment only once it is written) and that
+    the same command continues; exit 130 / 143, as ``collect`` and ``train``. Yields the progress
+    callback to pass on (it records how far the run got, and draws ``progress``'s bar)."""
+    from mmreplay.actors import Interrupts
+
+    done = [0]
+
+    def record(n: int, total: int) -> None:
+        done[0] = n
+        if progress is not None:
+            progress(n, total)
+
+    with Interrupts() as it:
+        try:
+            yield record
+        except KeyboardInterrupt:
+            click.echo(f"interrupted: the {what} stopped after {done[0]:,} rows; {kept}, and the same command "
+                       "continues where it stopped", err=True)
+            sys.exit(128 + int(it.signal or signal.SIGINT))
 
 
 @click.command("export")
@@ -35,7 +65,8 @@ def export_cmd(path: str, target: str, fmt: str, include_open: bool, clevel: int
     if fmt == "zarr":
         from mmreplay.archive import export_archive
 
-        with _progress(progress, "row") as cb:
+        with _progress(progress, "row") as bar, _stoppable("export", "every segment it wrote is in the archive",
+                                                            bar) as cb:
             r = export_archive(path, target, include_open=include_open, clevel=clevel, verify=not no_verify,
                                progress=cb)
         e = r.episodes
@@ -88,7 +119,8 @@ def import_cmd(source: str, store_path: str, fmt: str, max_rows: int | None, che
     if fmt == "zarr":
         from mmreplay.archive import import_archive
 
-        with _progress(progress, "row") as cb:
+        with _progress(progress, "row") as bar, _stoppable("import", f"every segment it wrote is in {store_path}",
+                                                            bar) as cb:
             r = import_archive(source, store_path, max_rows=max_rows, progress=cb)
         for line in r.lines():  # segments a missing or damaged chunk cost (their rows masked, or not imported)
             click.echo(f"problem: {line}", err=True)

@@ -471,6 +471,7 @@ def import_archive(
 
 def _import(url: str | os.PathLike[str], path: str | os.PathLike[str], *, max_rows: int | None,
             storage_options: dict[str, Any] | None, progress: Callable[[int, int], None] | None) -> ImportReport:
+    from ..core import failpoint as _failpoint
     from ..storage import Ingest
 
     g = open_group(url, "r", storage_options)
@@ -522,6 +523,8 @@ def _import(url: str | os.PathLike[str], path: str | os.PathLike[str], *, max_ro
                 done += n
                 if progress is not None:
                     progress(done, total)
+                if _failpoint.ACTIVE:
+                    _failpoint.hit("import_after_build")
         for o, why in sorted(skipped.items()):
             log.warning("%s: archived segment #%d not imported: %s", url, o, why)
         return ImportReport(str(path), len(todo), done, len(todo) + have,

@@ -415,13 +415,17 @@ class Segment:
 
     def unmap(self) -> None:
         """Drop the mapping and its views (the file stays open for ``close_durable``); idempotent."""
-        if self.mm.closed:
+        if self.mm.closed or getattr(self, "_unmapped", False):
             return
         self.columns.clear()
         del self.stamps, self.is_last, self.records, self.bytes, self.words, self.stamp_words
         self.float_runs.clear()
         self.view.release()
-        self.mm.close()
+        self._unmapped = True
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still held elsewhere (the traceback of an exception raised while the
+            pass  # rows were read, e.g. Ctrl-C in an export): the mapping goes with the last view
 
     def close(self, *, fdatasync: bool = False) -> None:
         if self._fd < 0:

@@ -189,3 +189,31 @@ def test_steps_rounded_up_to_whole_vector_steps_are_said_and_cut_episodes_not_av
     assert "stored 12 env steps" in r.output and "rounded up to whole vector steps" in r.output, r.output
     # 3 steps per env copy: no CartPole episode ends that soon; the 4 the end cut are not averaged
     assert "0 episodes, 4 cut by the end of the run, no episode finished)" in r.output, r.output
+
+
+@pytest.mark.parametrize("what", ["export", "import"])
+def test_ctrl_c_in_export_or_import_is_one_line_exit_130_and_the_same_command_continues(tmp_path, what):
+    """A Ctrl-C in the middle (sent by the process itself at its 3rd segment, as a failpoint:
+    ``MMREPLAY_FAILPOINT_SIGNAL=SIGINT``): exit 130 and one line; what was written is kept, and the
+    same command run again completes it to what an uninterrupted run gives."""
+    store, archive, back = tmp_path / "s", tmp_path / "a.zarr", tmp_path / "back"
+    mmreplay.collect("CartPole-v1", store, 3000, workers=0, seed=0, segment_records=256, progress=False)
+    args = ["export", store, "--to", "zarr", archive] if what == "export" else ["import", archive, "--store", back]
+    if what == "import":
+        assert _mm("export", store, "--to", "zarr", archive).returncode == 0
+    env = {**os.environ, "MMREPLAY_FAILPOINT": ("archive_before_commit" if what == "export" else "import_after_build")
+           + ":3", "MMREPLAY_FAILPOINT_SIGNAL": "SIGINT"}
+    r = _mm(*args, "--no-progress", env=env)
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"interrupted: the {what} stopped after") and "the same command continues" in line, line
+    r = _mm(*args, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert _mm("verify", archive if what == "export" else back).returncode == 0
+    with mmreplay.open_store(store) as src:
+        want = src.num_rows
+    if what == "export":
+        assert f"archive holds 12 segments, {want:,} rows" in r.stdout, r.stdout
+    else:
+        with mmreplay.open_store(back) as b:
+            assert b.num_rows == want
