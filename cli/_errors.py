@@ -82,6 +82,8 @@ def describe(exc: BaseException) -> tuple[str, str] | None:
         msg = f"{type(exc).__name__}: {Exception.__str__(exc)}"  # without the library's Python-call hint
         if isinstance(exc, E.ObjectStoreError):  # (its hint names environment variables: CLI terms already)
             return msg, exc.hint
+        if type(exc) is E.ArchiveError and "hint" in vars(exc):  # what to do about this archive, said where raised
+            return msg, exc.hint
         for cls, hint in _HINTS:
             if isinstance(exc, cls):
                 return msg, hint

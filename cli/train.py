@@ -50,7 +50,8 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--steps",), dict(type=_POS, help="Env steps online / learner updates offline. [100000]")),
     (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
     (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED; offline: "
-                                                                 "runs/EVAL_ENV__ALGO-offline__sSEED]")),
+                                                                 "runs/EVAL_ENV__ALGO-offline__sSEED, or the "
+                                                                 "store's (archive's) name without --eval-env]")),
     (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint "
                                                            "(rows a killed run stored after it stay in the store, "
                                                            "and are sampled; its steps count from the checkpoint).")),

@@ -216,7 +216,8 @@ def import_dopamine(
     found = checkpoints_in(d)
     ns = found if checkpoints is None else sorted(checkpoints)
     if not ns:
-        raise ArchiveError(f"{d} holds no $store$_observation_ckpt.N.gz file")
+        raise ArchiveError(f"{d} holds no $store$_observation_ckpt.N.gz file",
+                           hint="pass a DQN Replay Dataset run's replay_logs directory (e.g. Pong/1/replay_logs)")
     if chunk_rows < 1:
         raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
     plan = _plan(d, ns)

@@ -196,3 +196,11 @@ def test_a_failed_worker_is_said_from_the_exception_it_raised():
     assert worker_failure("Traceback (most recent call last):\n  ...\nRuntimeError: boom\n",
                           RuntimeError("boom")) == "RuntimeError: boom"
     assert worker_failure("worker 1 died (signal 9)", None) == "worker 1 died (signal 9)"
+
+
+def test_a_dopamine_import_of_a_wrong_directory_says_what_to_pass_not_to_export(tmp_path):
+    (tmp_path / "empty").mkdir()
+    line = _one_line_error(_cli(["import", tmp_path / "empty", "--from", "dopamine", "--store", tmp_path / "s"],
+                                tmp_path))
+    assert "replay_logs" in line and "mmreplay export" not in line, line
+    assert not (tmp_path / "s").exists()
