@@ -53,6 +53,7 @@ _HINTS: list[tuple[type[BaseException], str]] = [
 _EXTRAS = {
     "ale_py": "pip install 'mmreplay[atari]'", "cv2": "pip install 'mmreplay[atari]'",
     "minatar": "pip install 'mmreplay[minatar]'", "minari": "pip install 'mmreplay[minari]'",
+    "mujoco": "pip install 'mmreplay[mujoco]'", "MuJoCo": "pip install 'mmreplay[mujoco]'",
     "ray": "pip install 'mmreplay[ray]'", "matplotlib": "pip install 'mmreplay[plot]'",
     "tensorboard": "pip install 'mmreplay[tensorboard]'", "Box2D": "pip install 'gymnasium[box2d]'",
     "s3fs": "pip install s3fs", "gcsfs": "pip install gcsfs", "adlfs": "pip install adlfs",
@@ -96,8 +97,9 @@ def describe(exc: BaseException) -> tuple[str, str] | None:
     mod = type(exc).__module__
     if mod.startswith("gymnasium.error"):
         kind = type(exc).__name__
-        if kind == "DependencyNotInstalled":
-            return str(exc).splitlines()[0], _missing_extra(exc) or "install the env's package"
+        if kind == "DependencyNotInstalled":  # its own "run `pip install ...`" is the hint, not said twice
+            first = re.sub(r",? *(run|try)? *`?pip install [^`]*`?\.?$", "", str(exc).splitlines()[0]).rstrip(" ,")
+            return first, _missing_extra(exc) or "install the env's package"
         if kind in ("NameNotFound", "VersionNotFound", "NamespaceNotFound", "UnregisteredEnv", "DeprecatedEnv",
                     "Error"):
             return str(exc), "list env ids with `python -c \"import gymnasium; gymnasium.pprint_registry()\"`"

@@ -204,3 +204,16 @@ def test_a_dopamine_import_of_a_wrong_directory_says_what_to_pass_not_to_export(
                                 tmp_path))
     assert "replay_logs" in line and "mmreplay export" not in line, line
     assert not (tmp_path / "s").exists()
+
+
+def test_a_missing_env_package_is_said_once_with_the_extra_that_brings_it(tmp_path):
+    pytest.importorskip("gymnasium")
+    try:
+        import mujoco  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("MuJoCo is installed here")
+    line = _one_line_error(_cli(["collect", "Hopper-v5", "--store", tmp_path / "s", "--steps", "10"], tmp_path))
+    assert line.count("pip install") == 1 and "mmreplay[mujoco]" in line, line
+    assert not (tmp_path / "s").exists()
