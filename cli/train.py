@@ -236,6 +236,7 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)  # variables.") are not the run's to print
     try:
         cfg = train_config(env_id, opts)
+        _check_options(cfg)
         from mmreplay.agent import check_env_id
 
         for env in {cfg.env_id, cfg.eval_env} - {None}:
@@ -248,6 +249,31 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
             raise  # an mmreplay or file-system error: `friendly` gives it its CLI hint
         raise click.ClickException(one_line(str(exc), None)) from None
     _summary(cfg, result)
+
+
+def _flags() -> dict[str, str]:
+    """TrainConfig field -> the option that sets it (``learning_rate`` -> ``--learning-rate``)."""
+    return {decls[0].split("/")[0].lstrip("-").replace("-", "_"): decls[0].split("/")[0] for decls, _ in _OPTIONS}
+
+
+def _check_options(cfg: Any) -> None:
+    """The config's checks (``validate_config``) as usage errors in the option's name (exit 2), as
+    click's own for a bad type or range: ``--lr -1`` says ``--learning-rate``, not ``learning_rate``."""
+    import re
+
+    from mmreplay.train import validate_config
+
+    try:
+        validate_config(cfg)
+    except ValueError as exc:
+        m = re.match(r"`(\w+)`", str(exc))
+        flag = _flags().get(m.group(1)) if m else None
+        if flag is None:
+            raise
+        rest = str(exc)[m.end():]  # "must be > 0, got -1.0", or "=1.0 copies ..." (which keeps the flag)
+        if rest.startswith(" is required"):
+            raise click.UsageError(f"{flag}{rest}") from None
+        raise click.BadParameter(f"{flag}{rest}" if rest.startswith("=") else rest.strip(), param_hint=flag) from None
 
 
 def train_config(env_id: str | None, opts: dict[str, Any]) -> Any:

@@ -135,3 +135,14 @@ def test_collect_options_that_cannot_apply_to_an_existing_store_are_said_in_thei
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     r = CliRunner().invoke(main, [*base, "--workers", "2"])
     assert r.exit_code == 0 and "note: --workers 2 on 1 core(s)" in r.output, r.output
+
+
+@pytest.mark.parametrize("argv, flag", [(["--lr", "-1"], "--learning-rate"), (["--gamma", "1.5"], "--gamma"),
+                                        (["--exploration-fraction", "-0.5"], "--exploration-fraction")])
+def test_a_bad_train_value_is_a_usage_error_in_the_flags_name(tmp_path, argv, flag):
+    """The config's checks say the option, exit 2 (as click's own type and range checks), before
+    anything is made."""
+    r = CliRunner().invoke(main, ["train", "CartPole-v1", "--store", str(tmp_path / "s"), *argv])
+    assert r.exit_code == 2 and f"Invalid value for {flag}:" in r.output, r.output
+    assert "_" not in r.output.splitlines()[-1].split(":")[1], r.output  # no config field name
+    assert not (tmp_path / "s").exists() and not (tmp_path / "runs").exists()
