@@ -129,8 +129,8 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
 
     run = Run(cfg, _run_dir(cfg))
     envs = make_vec_env(cfg.env_id, cfg.num_envs, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
+    n_actions = count_actions(envs.single_action_space)  # (before the store: a Box env makes no empty store)
     store = open_store_for_env(cfg, envs)
-    n_actions = count_actions(envs.single_action_space)
     # a round every `every` env steps: at most one per vector step (train_freq below num_envs: every
     # num_envs env steps, as SB3 and CleanRL train once per vector step). Env steps do not count
     # next-step autoreset lanes, so updates per env step do not depend on how often episodes end
@@ -412,6 +412,10 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
         from .continuous import check_algo_fits
 
         check_algo_fits(cfg.algo, store.schema, str(cfg.archive or cfg.store))
+        if store.num_rows == 0 and not store.wait_for_rows():  # said before the run directory is made
+            from ..core.errors import EmptyStoreError
+
+            raise EmptyStoreError(f"{cfg.archive or cfg.store} holds no rows to train from")
         counts = store.check_counts()
         if counts["unchecked_segments"]:  # a copied or modified store: its segments are checked before training
             gb = counts["unchecked_rows"] * store.layout.record_bytes / 1e9  # samples them

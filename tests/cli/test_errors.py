@@ -217,3 +217,14 @@ def test_a_missing_env_package_is_said_once_with_the_extra_that_brings_it(tmp_pa
     line = _one_line_error(_cli(["collect", "Hopper-v5", "--store", tmp_path / "s", "--steps", "10"], tmp_path))
     assert line.count("pip install") == 1 and "mmreplay[mujoco]" in line, line
     assert not (tmp_path / "s").exists()
+
+
+def test_train_inputs_that_cannot_work_make_nothing(tmp_path):
+    """A Box-action env for online DQN: no empty store left at --store; an empty store offline: no
+    run directory."""
+    line = _one_line_error(_cli(["train", "Pendulum-v1", "--store", tmp_path / "p", "--steps", "100"], tmp_path))
+    assert "Discrete action space" in line and not (tmp_path / "p").exists(), line
+    mmreplay.create_store(tmp_path / "e", mmreplay.Schema.transition(obs_shape=(4,)), capacity=1000).close()
+    line = _one_line_error(_cli(["train", "--offline", "--store", tmp_path / "e", "--eval-env", "CartPole-v1",
+                                 "--steps", "10", "--run-dir", tmp_path / "run"], tmp_path))
+    assert "holds no rows to train from" in line and not (tmp_path / "run").exists(), line
