@@ -272,8 +272,7 @@ def train_actors(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     store.refresh()
     status = "failed"
     try:
-        res = run.finish(learner, None, None, epsilon, cfg.eval_env or cfg.env_id, stopped)
-        res.data_wait = data_wait
+        res = run.finish(learner, None, None, epsilon, cfg.eval_env or cfg.env_id, stopped, data_wait=data_wait)
         status = "interrupted" if stop is not None and stop.stop_requested else "done"
         return res
     finally:
@@ -459,8 +458,7 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
             run.maybe_checkpoint(learner, sampler, None, None)
         batches.close()
         data_wait = batches.total_wait_fraction()
-        res = run.finish(learner, sampler, None, None, eval_env, stopped)
-        res.data_wait = data_wait
+        res = run.finish(learner, sampler, None, None, eval_env, stopped, data_wait=data_wait)
         return res
     finally:
         batches.close()

@@ -117,6 +117,9 @@ class Run:
         if self.log is not None:
             return
         cfg, step = self.cfg, self.step
+        if not cfg.offline and cfg.steps <= cfg.learning_starts:
+            log.warning("steps=%s ends before learning_starts=%s (--steps, --learning-starts): the run fills the "
+                        "store and makes no update", f"{cfg.steps:,}", f"{cfg.learning_starts:,}")
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
         self.log = RunLog(self.dir, resume_step=step if cfg.resume else None, tensorboard=cfg.tensorboard)
@@ -291,10 +294,12 @@ class Run:
         self.profiler.step()
 
     def finish(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
-               epsilon: float | None, eval_env: str | None, stopped: bool) -> TrainResult:
+               epsilon: float | None, eval_env: str | None, stopped: bool,
+               data_wait: float | None = None) -> TrainResult:
         """End the session: a last evaluation (unless ``stopped``, or one at the last step exists),
         metric row and checkpoint, then ``policy.pt`` and ``result.json``; returns the
-        :class:`TrainResult`."""
+        :class:`TrainResult`. ``data_wait``: the session's share of time waiting for batches, when
+        the loop measured it over the whole session (else the metric rows' mean), in both."""
         if self.profiler is not None:
             self.profiler.__exit__(None, None, None)
         # one evaluation per evaluation point: the end of the run is one, unless an evaluation at or
@@ -317,6 +322,8 @@ class Run:
                           updates=self.updates, wall_s=wall, cpu_s=cpu, evals=self.evals,
                           final_return=self.evals[-1][1] if self.evals else None, best_return=self.best,
                           damaged_rows=damaged, **rows)
+        if data_wait is not None:
+            res.data_wait = data_wait
         save_result(res)
         return res
 

@@ -4,6 +4,7 @@ resumed run continues from, one evaluation per evaluation point, run directories
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,27 @@ def test_online_run_marks_the_episodes_its_end_cuts(tmp_path):
     assert info["episodes_incomplete"] == 0 and info["episodes_truncated"] == 0 and info["episodes_cut"] >= 1
     runs = [r for r in info["provenance"] if r.get("kind") == "train"]
     assert [r["status"] for r in runs] == ["done"] and len(runs[0]["cut_rows"]) == info["episodes_cut"]
+
+
+def test_result_json_records_the_data_wait_the_summary_prints(tmp_path):
+    """An offline run's result.json holds the session's data wait, as the returned result and the
+    summary do (it was written before the loop set it: 0.0 against the printed share)."""
+    from mmreplay.train import train
+
+    mmreplay.collect("CartPole-v1", tmp_path / "s", 600, workers=0, seed=0, progress=False)
+    res = train(TrainConfig(store=str(tmp_path / "s"), offline=True, algo="bc", eval_env="CartPole-v1", steps=60,
+                            eval_episodes=0, checkpoint_every=0, run_dir=str(tmp_path / "run"), tensorboard=False,
+                            progress=False))
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["data_wait"] == res.data_wait and res.data_wait > 0, (saved["data_wait"], res.data_wait)
+
+
+def test_a_run_that_ends_before_learning_starts_says_so(tmp_path, caplog):
+    from mmreplay.train import train
+
+    with caplog.at_level("WARNING", logger="mmreplay.train.run"):
+        res = train(TrainConfig(env_id="CartPole-v1", store=str(tmp_path / "s"), steps=200, learning_starts=1000,
+                                eval_episodes=0, checkpoint_every=0, run_dir=str(tmp_path / "run"),
+                                tensorboard=False, progress=False))
+    assert res.updates == 0
+    assert any("ends before learning_starts=1,000" in r.getMessage() for r in caplog.records), caplog.records
