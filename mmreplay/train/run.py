@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PROGRESS_LINE_S = 30.0
+"""Seconds between progress lines when stderr is not a terminal (no bar): long runs are not silent in logs."""
+
 
 @dataclass
 class TrainResult:
@@ -98,6 +101,7 @@ class Run:
         step = self.step
         self.log: RunLog | None = None  # made by begin(), once every input is open
         self.bar: Any = None
+        self._lines, self._line_t = False, 0.0  # progress lines without a terminal (begin() decides)
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
         self._last = (self.t0, self.env_steps, self.updates)
@@ -126,6 +130,9 @@ class Run:
         if cfg.resume:
             log.info("resuming %s from %s %d", self.dir, "update" if cfg.offline else "env step", step)
         show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+        # stderr not a terminal (a log file, a pipe) and no bar asked for: a progress line every PROGRESS_LINE_S
+        self._lines = cfg.progress is None and not show
+        self._line_t = time.perf_counter()
         if show:
             from tqdm import tqdm
 
@@ -214,6 +221,13 @@ class Run:
                        epsilon=epsilon, steps_per_s=steps_per_s, updates_per_s=(self.updates - u) / dt,
                        data_wait=data_wait)
         self.returns = []
+        if self._lines and now - self._line_t >= PROGRESS_LINE_S:
+            self._line_t = now
+            log.info("%s %s/%s (%.0f%%): %s updates, %s/s%s%s", "update" if self.cfg.offline else "step",
+                     f"{self.step:,}", f"{self.cfg.steps:,}", 100 * self.step / max(self.cfg.steps, 1),
+                     f"{self.updates:,}", f"{(self.updates - u) / dt if self.cfg.offline else steps_per_s or 0:,.0f}",
+                     f", last eval {self.evals[-1][1]:.1f}" if self.evals else "",
+                     f", data wait {data_wait:.0%}" if data_wait is not None else "")
         if self.bar is not None:  # the bar moves with the metric rows (every log_every steps)
             post = {"upd/s": f"{(self.updates - u) / dt:,.0f}"}
             if steps_per_s is not None:

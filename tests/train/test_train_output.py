@@ -104,3 +104,21 @@ def test_a_run_that_ends_before_learning_starts_says_so(tmp_path, caplog):
                                 tensorboard=False, progress=False))
     assert res.updates == 0
     assert any("ends before learning_starts=1,000" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_without_a_terminal_a_long_run_prints_progress_lines(tmp_path, caplog, monkeypatch):
+    """stderr not a terminal (pytest's), no bar asked for: a line every PROGRESS_LINE_S (0 here: at
+    each metric row); none with progress=False."""
+    from mmreplay.train import run as run_mod, train
+
+    monkeypatch.setattr(run_mod, "PROGRESS_LINE_S", 0.0)
+    cfg = dict(env_id="CartPole-v1", steps=600, learning_starts=100, log_every=200, eval_episodes=0, checkpoint_every=0,
+               tensorboard=False)
+    with caplog.at_level("INFO", logger="mmreplay.train.run"):
+        train(TrainConfig(store=str(tmp_path / "s"), run_dir=str(tmp_path / "r1"), **cfg))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert any(line.startswith("step 400/600 (67%):") and "updates" in line for line in lines), lines
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mmreplay.train.run"):
+        train(TrainConfig(store=str(tmp_path / "s2"), run_dir=str(tmp_path / "r2"), progress=False, **cfg))
+    assert not [r for r in caplog.records if r.getMessage().startswith("step ") and "/600 (" in r.getMessage()]
