@@ -311,7 +311,9 @@ def _summary(cfg: Any, result: Any) -> None:
         click.echo(f"env steps    {result.env_steps:,}  ({result.steps_per_s:,.0f}/s)")
     click.echo(f"updates      {result.updates:,}  ({result.updates_per_s:,.0f}/s, data wait {result.data_wait:.1%})")
     click.echo(f"wall time    {result.wall_s:.1f} s")
-    if not cfg.offline and cfg.store:
+    if result.already_finished:  # its saved result only: the store as it is now is another story
+        click.echo("(the run had finished: its saved result; nothing ran and the store was not read)")
+    elif not cfg.offline and cfg.store:
         from mmreplay.storage import disk_footprint
 
         disk = disk_footprint(cfg.store)

@@ -111,8 +111,8 @@ def _finished(cfg: TrainConfig) -> TrainResult | None:
     done = data.get("updates" if cfg.offline else "env_steps", 0)
     if done < cfg.steps or data.get("interrupted"):
         return None
-    known = {f.name for f in fields(TrainResult)}
-    return TrainResult(**{k: v for k, v in data.items() if k in known})
+    known = {f.name for f in fields(TrainResult)} - {"already_finished"}
+    return TrainResult(**{k: v for k, v in data.items() if k in known}, already_finished=True)
 
 
 # -- online, synchronous ------------------------------------------------------------------------------

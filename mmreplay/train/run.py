@@ -69,6 +69,9 @@ class TrainResult:
     interrupted: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped the run early, if one did: it stopped at a safe point,
     marked the episodes it cut, and wrote a checkpoint (``--resume`` continues from it)."""
+    already_finished: bool = False
+    """A resume of a run that had reached its ``steps``: this is its saved result, nothing ran (not
+    written to result.json)."""
 
 
 class Run:
@@ -344,7 +347,9 @@ class Run:
 
 def save_result(res: TrainResult) -> None:
     """``run_dir/result.json``: what the run did (``--resume`` reads it back)."""
-    (Path(res.run_dir) / "result.json").write_text(json.dumps(asdict(res), indent=2) + "\n")
+    data = asdict(res)
+    data.pop("already_finished")
+    (Path(res.run_dir) / "result.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
 def next_multiple(x: int, every: int) -> int | float:

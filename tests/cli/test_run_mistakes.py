@@ -77,6 +77,8 @@ def test_ctrl_c_in_train_checkpoints_marks_cuts_and_resume_continues(tmp_path):
     segs = sorted(os.listdir(store / "segments"))
     r = _mm(*args, "--steps", steps, "--resume")
     assert r.returncode == 0 and "already finished" in r.stderr, r.stderr
+    # its saved result, not mixed with the store's counts as they are now
+    assert "the run had finished: its saved result" in r.stdout and "episodes " not in r.stdout, r.stdout
     assert sorted(os.listdir(store / "segments")) == segs
 
 
