@@ -308,8 +308,8 @@ class StoreReader:
         than RAM must not end up in the RSS of a whole-store pass). RAM copies and patched
         windows are left as they are."""
         s, size = self.snapshot, self.layout.file_size
-        m = self.segments[int(s.segment_ids[k])]
-        plain = m.header.segment_id not in self.pinned and m.patch is None
+        m = self.segments.get(int(s.segment_ids[k]))  # (None: gone from the mapped set since the snapshot)
+        plain = m is not None and m.header.segment_id not in self.pinned and m.patch is None
         if plain:
             lo, hi = self.layout.records_span(0, int(s.committed[k]))
             self.region.advise(m.window, size, MADV_SEQUENTIAL)
@@ -320,7 +320,7 @@ class StoreReader:
         try:
             yield
         finally:
-            if plain:
+            if plain and m is not None:
                 self.region.advise(m.window, size, MADV_DONTNEED)
                 self.advise(m)
 
