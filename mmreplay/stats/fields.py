@@ -188,10 +188,6 @@ def field_stats(
         return _archive_stats(str(source), field, cache, chunk_rows, storage_options, progress)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _check_field(schema: Any, field: str) -> tuple[int, ...]:
     if field not in schema:
         raise ValueError(f"`field`={field!r} is not in the schema (fields: {[f.name for f in schema.fields]})")
@@ -292,11 +288,13 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
             return moments(views[field].reshape(len(keep), -1), keep)
 
     def compute() -> FieldStats:
+        from ..storage.checks import usable_cores
+
         run = _Running()
         n = len(store.reader.snapshot.segment_ids)
         # one segment per core at a time (the kernel runs without the GIL); merged in segment order,
         # so the result does not depend on which thread finished first
-        with ThreadPoolExecutor(max(1, min(n, _cores()))) as pool:
+        with ThreadPoolExecutor(max(1, min(n, usable_cores()))) as pool:
             for k, part in enumerate(pool.map(one, range(n))):
                 run.merge(*part)
                 if progress is not None:

@@ -160,11 +160,12 @@ def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
         seg.close()
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity): the threads a whole-store pass uses."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-CHECK_THREADS = max(1, min(_cores(), 8))
+CHECK_THREADS = max(1, min(usable_cores(), 8))
 """Threads of a handle's background checker (one per core, at most 8)."""
 
 

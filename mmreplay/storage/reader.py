@@ -311,9 +311,7 @@ class StoreReader:
         m = self.segments.get(int(s.segment_ids[k]))  # (None: gone from the mapped set since the snapshot)
         plain = m is not None and m.header.segment_id not in self.pinned and m.patch is None
         if plain:
-            lo, hi = self.layout.records_span(0, int(s.committed[k]))
-            self.region.advise(m.window, size, MADV_SEQUENTIAL)
-            self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
+            self._read_in_order(m, int(s.committed[k]))
         if ahead is not None and 0 <= ahead < len(s.segment_ids):
             lo, hi = self.layout.records_span(0, int(s.committed[ahead]))
             self.region.advise(int(s.windows[ahead]), hi - lo, MADV_WILLNEED, offset=lo)
@@ -323,6 +321,14 @@ class StoreReader:
             if plain and m is not None:
                 self.region.advise(m.window, size, MADV_DONTNEED)
                 self.advise(m)
+
+    def _read_in_order(self, m: _Mapped, rows: int) -> int:
+        """Hint ``m``'s window for one pass in order (``MADV_SEQUENTIAL``) and ask for its first
+        ``rows`` records now (``MADV_WILLNEED``); returns the bytes of the window through them."""
+        lo, hi = self.layout.records_span(0, rows)
+        self.region.advise(m.window, self.layout.file_size, MADV_SEQUENTIAL)
+        self.region.advise(m.window, hi - lo, MADV_WILLNEED, offset=lo)
+        return hi
 
     def column(self, name: str, k: int) -> np.ndarray:
         """Field ``name`` over snapshot segment ``k``'s committed rows: a view of the mapping (no
@@ -542,9 +548,7 @@ class StoreReader:
                     break
                 if m is None or m.header.segment_id in self.pinned:
                     continue
-                _, hi = self.layout.records_span(0, m.committed)
-                self.region.advise(m.window, hi, MADV_SEQUENTIAL)
-                self.region.advise(m.window, hi, MADV_WILLNEED)
+                hi = self._read_in_order(m, m.committed)
                 self.region.advise(m.window, hi, MADV_POPULATE_READ)
                 self.advise(m)  # back to the sampling hint
                 total += hi

@@ -362,28 +362,23 @@ class SegmentSupply:
         (which records nothing) checks them again, and a big store's ``open_store(mode="r")`` spends
         its first seconds or minutes reading the whole store. Fewer rows are left to the first reader
         (milliseconds)."""
-        from .checks import CHECK_THREADS, SYNC_CHECK_BYTES, check_file, to_ranges
-        from ..core.errors import CorruptSegmentError
+        from .checks import SYNC_CHECK_BYTES, Checker, CheckJob
 
         todo, self._unchecked = self._unchecked, []
         if sum(rows for _, rows in todo) * self.files.layout.record_bytes <= SYNC_CHECK_BYTES:
             return
-        f = self.files
-
-        def one(item: tuple[Any, int]) -> None:
-            path, rows = item
-            try:
-                ident, bad = check_file(path, f.layout, f.store_uuid, f.schema.hash, rows)
-                f.catalog.checked(path.name, ident, to_ranges(bad))
-            except (CorruptSegmentError, OSError):  # evicted, or the catalog cannot be written: left to readers
-                return
-            if len(bad):
-                log.warning("%s: %d row(s) changed in the file after this writer wrote them (they fail their "
-                            "checksums); masked: left out of every batch (`mmreplay verify` lists them)",
-                            path, len(bad))
-
-        with ThreadPoolExecutor(min(CHECK_THREADS, len(todo)), thread_name_prefix="mmreplay-close-check") as pool:
-            list(pool.map(one, todo))
+        f = self.files  # the readers' checker, recording in the catalog: evicted or unreadable files are left out
+        checker = Checker(f.segments_dir, f.layout, f.store_uuid, f.schema.hash, f.catalog, writable=True)
+        try:
+            checker.submit([CheckJob(path.name, rows) for path, rows in todo])
+            checker.wait()
+            for name, (ident, bad) in checker.take_done().items():
+                if ident is not None and len(bad):
+                    log.warning("%s: %d row(s) changed in the file after this writer wrote them (they fail their "
+                                "checksums); masked: left out of every batch (`mmreplay verify` lists them)",
+                                f.segment_path(name), len(bad))
+        finally:
+            checker.close()
 
     def drop_spares(self) -> None:
         """Delete the segments made ahead of need (the next roll then makes one on the spot)."""
