@@ -35,11 +35,12 @@ def store_info(store: StoreFiles, r: StoreReader) -> dict[str, Any]:
     cuts = np.fromiter(cut_rows(runs), np.int64)
     for k in range(len(segs)):
         with r.scanning(k, ahead=k + 1):  # every record's flags, in order: read ahead, no page left mapped
-            valid, blocked = r.segment_starts(k)
+            seg = r.segment_flags(k)  # (read once for both counts)
+            valid, blocked = r.segment_starts(k, seg)
             transitions += int(valid.sum())
             left_out += int(blocked.sum())
             if flags:
-                _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k))
+                _count_episode_ends(r, k, ends, cuts, bool(s.committed[k]) and _finished(store, r, k), seg)
     disk, files = disk_usage(store.path)
     catalog = store.catalog.read()  # read once: evictions by reason and lost segments
     writers = sorted({m.header.writer_id for m in segs})
@@ -121,7 +122,8 @@ def _finished(store: StoreFiles, r: StoreReader, k: int) -> bool:
     return not held_elsewhere(store.locks_dir / writer_lock_name(m.header.writer_id))
 
 
-def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.ndarray, finished: bool) -> None:
+def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.ndarray, finished: bool,
+                        seg_flags: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
     """Add the episodes whose last step lies in snapshot segment ``k``: terminated, truncated by
     the env, cut by the end of a run (stored truncated: ``cuts`` holds their rows' global ids, as
     the runs recorded them), and incomplete: the next row of the lane is the final observation but
@@ -132,7 +134,7 @@ def _count_episode_ends(r: StoreReader, k: int, ends: dict[str, int], cuts: np.n
     export keeps it."""
     snap = r.snapshot
     w, n = int(snap.windows[k]), int(snap.committed[k])
-    flags, _, nxt = r.segment_flags(k)
+    flags, _, nxt = seg_flags if seg_flags is not None else r.segment_flags(k)
     here_last = flags != 0  # final observations, and masked rows (zeroed: no flag of theirs counts)
     term = r.columns["terminated"][w, :n] & ~here_last
     trunc = r.columns["truncated"][w, :n] & ~here_last & ~term

@@ -638,11 +638,12 @@ class StoreReader:
         nxt[inner:] = np.where(ok, self.flag_bytes(nk, ns), 0)
         return flags, has, nxt
 
-    def segment_starts(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def segment_starts(self, k: int, seg_flags: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """``(valid, blocked)`` over snapshot segment ``k``'s committed rows: the rows that start a
         one-step transition (``transition_starts``), and those that would but for their next row
-        being masked."""
-        flags, has, nxt = self.segment_flags(k)
+        being masked. ``seg_flags``: ``segment_flags(k)``, when the caller has it already."""
+        flags, has, nxt = seg_flags if seg_flags is not None else self.segment_flags(k)
         ok = (flags == 0) & has
         return ok & (nxt != MASKED), ok & (nxt == MASKED)
 
