@@ -82,11 +82,10 @@ def _against_the_store(o: dict[str, Any]) -> None:
     """Options that cannot apply, said in the options' terms before anything runs: a
     ``--segment-records`` other than an existing store's (a usage error), a ``--capacity`` given for
     an existing store (a note: it keeps its own), more ``--workers`` than cores (a note)."""
-    import os
-
     import mmreplay
+    from mmreplay.storage import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if o["workers"] > cores:
         click.echo(f"note: --workers {o['workers']} on {cores} core(s): each worker is a process with its own envs "
                    "and segment files; past the cores they take turns (fewer workers with more --envs-per-worker "

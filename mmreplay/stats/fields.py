@@ -288,7 +288,7 @@ def _store_stats(store: ReplayStore, field: str, cache: bool | str | os.PathLike
             return moments(views[field].reshape(len(keep), -1), keep)
 
     def compute() -> FieldStats:
-        from ..storage.checks import usable_cores
+        from ..storage import usable_cores
 
         run = _Running()
         n = len(store.reader.snapshot.segment_ids)

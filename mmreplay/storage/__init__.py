@@ -36,6 +36,7 @@ evicted, never an open one; every lock name, segment state and writer-id claim l
 """
 
 from ..core.batch import TransitionBatch
+from .checks import usable_cores
 from .exchange import Ingest, SegmentInfo, SegmentRows, SessionIngest, segment_rows
 from .format import CONTROL_OFFSET, CONTROL_SLOT_SIZE, HEADER_SIZE, MASKED, PAGE_SIZE, Header, read_control
 from .format import kernel as storage_kernels
@@ -55,6 +56,8 @@ __all__ = [
     "read_manifest", "default_segment_records", "segment_records_for", "MANIFEST",
     # what a store takes on disk and evicted, without opening it (a run's summary, `mmreplay collect`)
     "DiskFootprint", "disk_footprint",
+    # the cores this process may use: how many threads a whole-store pass runs (field_stats, checks)
+    "usable_cores",
     # the seam for archives, shipping and imports: rows in and out as whole segments
     "Ingest", "SegmentInfo", "SegmentRows", "SessionIngest", "segment_rows",
     # the read contract samplers and their kernels use: the reader's segment table and row flags
