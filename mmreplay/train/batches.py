@@ -47,9 +47,9 @@ class Batches:
     def __init__(self, sampler: TransitionSampler, cfg: TrainConfig, device: torch.device) -> None:
         from ..loader import BatchLoader
 
-        use = cfg.loader if cfg.loader is not None else device.type == "cuda"
-        self.sampler, self.batch_size, self.device = sampler, cfg.batch_size, device
-        self.loader = BatchLoader(sampler, cfg.batch_size, device=device, prefetch=cfg.prefetch,
+        use = cfg.replay.loader if cfg.replay.loader is not None else device.type == "cuda"
+        self.sampler, self.batch_size, self.device = sampler, cfg.algo.batch_size, device
+        self.loader = BatchLoader(sampler, cfg.algo.batch_size, device=device, prefetch=cfg.replay.prefetch,
                                   profile=True) if use else None
         self._it = iter(self.loader) if self.loader is not None else None
         self.wait_s = self.busy_s = 0.0

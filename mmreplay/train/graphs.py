@@ -3,8 +3,8 @@ batch shape and replayed for every batch (``TrainConfig.cuda_graphs``, ``--cuda-
 
 An eager update of a small network is launch-bound on a GPU (hundreds of kernels, each a few
 microseconds to launch); a replayed graph launches them all at once. :class:`GraphedUpdate`
-wraps a learner (:class:`mmreplay.train.Learner` or
-:class:`mmreplay.train.continuous.ContinuousLearner`) and keeps these invariants:
+wraps a learner (:class:`mmreplay.train.QLearner` or :class:`mmreplay.train.BoxLearner`) and
+keeps these invariants:
 
 * **What is captured**: the learner's own ``update`` (so the algorithm is written once): the
   forwards, the loss, the backward pass, gradient clipping, the optimizer step (its optimizers
@@ -12,9 +12,9 @@ wraps a learner (:class:`mmreplay.train.Learner` or
   update does one, and the sum of the loss and of Q(s, a) into the learner's device
   accumulators (no sync per update; ``read_stats`` is unchanged).
 * **Keys**: one graph per (field shapes and dtypes, phase, input block). The *phase* is the
-  branch the update takes on the host: the target copy every ``target_every`` updates (DQN,
-  CQL), the delayed actor step every ``policy_freq`` updates (TD3+BC); each phase is captured on
-  first use, so the target cadence needs no recapture. Inputs that are views of a
+  branch the update takes on the host, as the learner's ``phase()`` says: the target copy every
+  ``target_update_interval`` updates (Q learners), an algorithm's delayed step (TD3+BC's actor);
+  each phase is captured on first use, so the target cadence needs no recapture. Inputs that are views of a
   ``BatchLoader`` block (``TensorBatch.buffer``, reused by the loader) are read in place: one
   graph per block (up to ``MAX_BLOCKS``), no copy on the device. Other inputs are copied into
   the graph's static tensors.
@@ -111,12 +111,8 @@ class GraphedUpdate:
     # -- helpers ----------------------------------------------------------------------------------
     def _phase(self) -> Any:
         """The host-side branch the next update takes (see the module docstring)."""
-        ln, k = self.learner, self.learner.updates + 1
-        if getattr(ln, "target", None) is not None and hasattr(ln, "target_every"):
-            return k % ln.target_every == 0  # Learner: the target copy
-        if getattr(ln, "algo", None) == "td3bc":
-            return k % ln.cfg.policy_freq == 0  # ContinuousLearner: the delayed actor step
-        return None
+        phase = getattr(self.learner, "phase", None)
+        return None if phase is None else phase()  # the learner's, as its algorithm says
 
     def _key(self, b: Any) -> Any:
         buf = getattr(b, "buffer", None)
@@ -266,8 +262,8 @@ def _why_not(learner: Any, device: torch.device) -> str | None:
     """Why the update cannot be captured here, or ``None``."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"CUDA graphs need a CUDA device, this run trains on {device.type}"
-    cfg = learner.cfg
-    if getattr(cfg, "compile", False):
+    hw = getattr(learner.cfg, "hardware", None)
+    if getattr(hw, "compile", False):
         return "--compile is not captured (torch.compile's mode='reduce-overhead' captures graphs itself)"
     if getattr(learner, "amp", False):
         return "bf16 autocast (--amp) is not captured"

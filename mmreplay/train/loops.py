@@ -1,9 +1,10 @@
-"""``mmreplay train``: DQN online (synchronous or with actor processes) and BC / DQN / CQL offline,
-with the store as the replay memory.
+"""``mmreplay train``: an online algorithm (DQN) in an env, synchronous or with actor processes, or
+any registered algorithm offline, with the store as the replay memory.
 
-Reads like CleanRL's ``dqn.py``: a config dataclass (:class:`TrainConfig`, one docstring per
-field; the CLI options mirror it), the algorithm in :class:`Learner` (``# ALGO LOGIC``), and the
-loops (``train_online``, ``train_actors``, ``train_offline``) top to bottom.
+Reads like CleanRL's ``dqn.py``: a config (:class:`TrainConfig`, one docstring per field; the CLI
+options mirror it), the algorithm in its own module (``mmreplay.train.algos``, ``# ALGO LOGIC``),
+built by its registry entry (:func:`make_learner`), and the loops (``train_online``,
+``train_actors``, ``train_offline``) top to bottom.
 
 * **Online, ``actors=0``**: one process steps a vector env, writes each step into the store
   (``writer.add``), and every ``train_freq`` env steps runs ``gradient_steps`` updates on batches
@@ -17,12 +18,10 @@ loops (``train_online``, ``train_actors``, ``train_offline``) top to bottom.
   rate limiter keeps updates × batch ≈ ``samples_per_insert`` × new env steps in both
   directions (the learner waits for data, the actors wait for the learner).
 * **Offline**: the store is opened read-only (works on a read-only copy); batches come from a
-  ``BatchLoader``; ``bc`` (cross-entropy on the Q-network's logits), ``dqn`` (double DQN) or
-  ``cql`` (discrete CQL, Kumar et al. 2020: ``alpha * (logsumexp_a Q(s, a) - Q(s, a_data))``
-  added to the double-DQN loss). A store of Box actions trains ``td3bc``, ``iql`` or ``bc``
-  with :class:`mmreplay.train.continuous.ContinuousLearner` in the same loop (and the same run
-  directory, metrics and checkpoints); an algorithm that does not fit the store's actions is one
-  ``ValueError``.
+  ``Batches`` source; the algorithm's learner for the store's action kind (discrete: a
+  :class:`mmreplay.train.q_learner.QLearner`; Box: a :class:`mmreplay.train.box_learner.BoxLearner`)
+  makes the updates in the same loop (and the same run directory, metrics and checkpoints); an
+  algorithm that does not fit the store's actions is one ``ValueError``.
 
 Every run has a directory (``run_dir``) with ``metrics.csv`` (and TensorBoard), ``checkpoint.pt``
 (atomic, every ``checkpoint_every`` steps; ``resume=True`` continues from it with the same store),
@@ -42,8 +41,8 @@ import numpy as np
 
 from ..agent.evaluation import greedy_actions
 from ..agent.policy import FrameStack, epsilon_greedy, save_policy
+from .algos import LearnerSetup, check_fits, get
 from .batches import Batches, to_tensors
-from .learner import Learner, qnet_spec
 from .run import Run, TrainResult, next_multiple, save_result
 from .stores import (
     check_eval_env,
@@ -55,25 +54,14 @@ from .stores import (
 )
 from .checkpoint import restore_torch_rng
 
-# the config lives in its own module (no torch there); re-exported for `from mmreplay.train import ...`
-from .config import (  # noqa: F401
-    Algo,
-    TrainConfig,
-    _run_dir,
-    atari_config,
-    default_run_dir,
-    linear_schedule,
-    resume_config,
-    target_update_interval_of,
-    validate_config,
-)
+from .config import TrainConfig, _run_dir, linear_schedule
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Run a training job described by ``cfg`` (see the module docstring)."""
-    if cfg.ray is not None and cfg.actors < 1:
+    if cfg.acting.ray is not None and cfg.actors < 1:
         raise ValueError("--ray runs the actors on Ray: give --actors A (A >= 1)")
     from ..actors.pool import Interrupts
 
@@ -134,7 +122,7 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     # a round every `every` env steps: at most one per vector step (train_freq below num_envs: every
     # num_envs env steps, as SB3 and CleanRL train once per vector step). Env steps do not count
     # next-step autoreset lanes, so updates per env step do not depend on how often episodes end
-    every = max(cfg.train_freq, cfg.num_envs)
+    every = max(cfg.algo.train_freq, cfg.num_envs)
     learner, sampler, rng, writer = _online_parts(cfg, run, store, n_actions, every)
     n = cfg.num_envs
     obs, _ = envs.reset(seed=cfg.seed + run.env_steps)
@@ -144,9 +132,9 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     resets = 0  # autoreset.sum(), kept as an int (the per-step bookkeeping stays off numpy when nothing ends)
     ep_return = np.zeros(n)
     # train at every multiple of train_freq past learning_starts (as SB3 and CleanRL do)
-    next_train = next_multiple(max(cfg.learning_starts, run.env_steps), every)
-    decay = cfg.exploration_fraction * cfg.steps
-    epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+    next_train = next_multiple(max(cfg.algo.learning_starts, run.env_steps), every)
+    decay = cfg.algo.exploration_fraction * cfg.steps
+    epsilon = linear_schedule(cfg.algo.start_e, cfg.algo.end_e, decay, run.env_steps)
     stopped = False
     refreshed = -REFRESH_ROWS  # env steps at the last refresh
     prov = record_training(store, cfg, run.dir, shared=cfg.shared_store)
@@ -157,11 +145,11 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
         while run.env_steps < cfg.steps and not stopped:
             interrupted = stop is not None and stop.stop_requested
             # ACT: epsilon-greedy, one draw per env (none when every env only resets: the actions are ignored)
-            epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
+            epsilon = linear_schedule(cfg.algo.start_e, cfg.algo.end_e, decay, run.env_steps)
             if resets == n:
                 actions = np.zeros(n, np.int64)
             else:
-                actions = epsilon_greedy(partial(greedy_actions, learner.q, x, run.device), n_actions, epsilon, rng, n)
+                actions = epsilon_greedy(partial(greedy_actions, learner.policy_net, x, run.device), n_actions, epsilon, rng, n)
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             cut = None
             if interrupted or run.env_steps + n - resets >= cfg.steps:  # the run ends here: running
@@ -192,10 +180,10 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
                 next_train = next_multiple(run.env_steps, every)
                 refreshed = _train_round(cfg, run, store, sampler, learner, refreshed)
             run.maybe_log(learner, epsilon)
-            stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or interrupted
+            stopped = run.maybe_eval(learner, cfg.report.eval_env or cfg.env_id) or interrupted
             run.maybe_checkpoint(learner, sampler, rng, epsilon, writer=writer)
         writer.close(last_obs=flatten_obs(obs) if isinstance(obs, dict) else obs)
-        res = run.finish(learner, sampler, rng, epsilon, cfg.eval_env or cfg.env_id, stopped)
+        res = run.finish(learner, sampler, rng, epsilon, cfg.report.eval_env or cfg.env_id, stopped)
         status = "interrupted" if stop is not None and stop.stop_requested else "done"
         return res
     finally:
@@ -205,12 +193,23 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
         store.close()
 
 
+def make_learner(cfg: TrainConfig, store: Any, device: Any, eval_env: str | None = None,
+                 n_actions: int | None = None) -> Any:
+    """The learner of ``cfg.algo``'s algorithm for ``store``'s actions (its registry entry builds it);
+    one ``ValueError`` when the algorithm cannot learn them. Discrete actions: ``n_actions`` (the env's),
+    else counted from the eval env or the store (``offline_n_actions``)."""
+    kind = check_fits(cfg.algo.name, store.schema, str(cfg.archive or cfg.store))
+    if kind == "discrete" and n_actions is None:
+        n_actions = offline_n_actions(store, eval_env, cfg)
+    return get(cfg.algo.name).learner(LearnerSetup(cfg, store, device, eval_env, n_actions), kind)
+
+
 def _online_parts(cfg: TrainConfig, run: Run, store: Any, n_actions: int,
-                  every: int) -> tuple[Learner, Any, Any, Any]:
+                  every: int) -> tuple[Any, Any, Any, Any]:
     """The synchronous loop's learner, sampler and acting generator (restored from the checkpoint on
     a resume), and its writer."""
-    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
-    total_updates = max(1, (cfg.steps - cfg.learning_starts) // every * cfg.gradient_steps)
+    learner = make_learner(cfg, store, run.device, n_actions=n_actions)
+    total_updates = max(1, (cfg.steps - cfg.algo.learning_starts) // every * cfg.algo.gradient_steps)
     sampler = run.make_sampler(store, total_updates, refresh_interval_s=None)  # refreshed by the loop, not the clock
     rng = np.random.default_rng(cfg.seed)
     if run.payload:
@@ -224,7 +223,7 @@ def _online_parts(cfg: TrainConfig, run: Run, store: Any, n_actions: int,
     return learner, sampler, rng, writer
 
 
-def _train_round(cfg: TrainConfig, run: Run, store: Any, sampler: Any, learner: Learner, refreshed: int) -> int:
+def _train_round(cfg: TrainConfig, run: Run, store: Any, sampler: Any, learner: Any, refreshed: int) -> int:
     """One training round of the synchronous loop: ``gradient_steps`` updates on batches from the store.
     Returns the env step of the last refresh. The rows written up to the last refresh can be drawn; a
     refresh every REFRESH_ROWS env steps or more (one per round at train_freq >= REFRESH_ROWS), at fixed
@@ -232,12 +231,12 @@ def _train_round(cfg: TrainConfig, run: Run, store: Any, sampler: Any, learner: 
     if run.env_steps - refreshed >= REFRESH_ROWS:
         store.refresh(scan=False)
         refreshed = run.env_steps
-    for _ in range(cfg.gradient_steps):
+    for _ in range(cfg.algo.gradient_steps):
         t0 = time.perf_counter()
-        b = sampler.sample(cfg.batch_size)
+        b = sampler.sample(cfg.algo.batch_size)
         t1 = time.perf_counter()
         td = learner.update(to_tensors(b, run.device))
-        if cfg.prioritized and td is not None:
+        if cfg.replay.prioritized and td is not None:
             sampler.update_priorities(b.ids, td.abs().cpu().numpy())
         run.updates += 1
         run.wait_s += t1 - t0
@@ -251,13 +250,13 @@ def train_actors(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     """Actors in separate processes write the store; the learner samples it through a loader,
     publishes weights every ``publish_every`` updates, and keeps the samples-per-insert ratio."""
     cfg, run, store, prov, n_actions = _actors_setup(cfg)
-    learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
+    learner = make_learner(cfg, store, run.device, n_actions=n_actions)
     if run.payload:
         learner.load(run.payload)
         restore_torch_rng(run.payload)
     policy_path = run.dir / "actor_policy.pt"
-    epsilon = linear_schedule(cfg.start_e, cfg.end_e, cfg.exploration_fraction * cfg.steps, run.env_steps)
-    save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
+    epsilon = linear_schedule(cfg.algo.start_e, cfg.algo.end_e, cfg.algo.exploration_fraction * cfg.steps, run.env_steps)
+    save_policy(policy_path, learner.policy_net, epsilon=epsilon, step=run.env_steps, **run.meta())
     base_rows = run.env_steps  # env steps of earlier sessions (the pool counts its own)
     pool = _actor_pool(cfg, run, str(store.path), str(policy_path), prov)
     seen = [0]  # episodes of this session's pool already counted
@@ -272,7 +271,7 @@ def train_actors(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     store.refresh()
     status = "failed"
     try:
-        res = run.finish(learner, None, None, epsilon, cfg.eval_env or cfg.env_id, stopped, data_wait=data_wait)
+        res = run.finish(learner, None, None, epsilon, cfg.report.eval_env or cfg.env_id, stopped, data_wait=data_wait)
         status = "interrupted" if stop is not None and stop.stop_requested else "done"
         return res
     finally:
@@ -286,12 +285,12 @@ def _actors_setup(cfg: TrainConfig) -> tuple[TrainConfig, Run, Any, str, int]:
     from ..agent.envs import make_env
 
     probe = make_env(cfg.env_id, atari=cfg.atari or None, max_episode_steps=cfg.max_episode_steps)
-    if cfg.ray is not None and cfg.segment_records is None:  # rows ship a sealed segment at a time: small ones
+    if cfg.acting.ray is not None and cfg.segment_records is None:  # rows ship a sealed segment at a time: small ones
         from ..cluster import cluster_segment_records
         from ..core.schema import Schema
 
         cfg = replace(cfg, segment_records=cluster_segment_records(
-            Schema.from_spaces(probe.observation_space, probe.action_space), cfg.envs_per_actor))
+            Schema.from_spaces(probe.observation_space, probe.action_space), cfg.acting.envs_per_actor))
     run = Run(cfg, _run_dir(cfg))
     n_actions = count_actions(probe.action_space)
 
@@ -313,32 +312,32 @@ def _actor_pool(cfg: TrainConfig, run: Run, store_path: str, policy_path: str, p
     """The actors: an ActorPool of local processes, or (``ray``) a RayActorPool whose rows come back
     through archives and weights through Ray."""
     env = cfg.env_spec()
-    if cfg.ray is not None:
+    if cfg.acting.ray is not None:
         from ..cluster import RayActorPool, ShipSpec
 
-        return RayActorPool(env, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
+        return RayActorPool(env, store_path, actors=cfg.actors, envs_per_actor=cfg.acting.envs_per_actor,
                             policy_path=policy_path, seed=cfg.seed + run.env_steps,
-                            ship=ShipSpec(cfg.ray_archive, address=None if cfg.ray == "local" else cfg.ray))
+                            ship=ShipSpec(cfg.acting.ray_archive, address=None if cfg.acting.ray == "local" else cfg.acting.ray))
     from ..actors import ActorPool
 
-    return ActorPool(env, store_path, actors=cfg.actors, envs_per_actor=cfg.envs_per_actor,
+    return ActorPool(env, store_path, actors=cfg.actors, envs_per_actor=cfg.acting.envs_per_actor,
                      policy_path=policy_path, seed=cfg.seed + run.env_steps, run=prov)
 
 
-def _learn_from_actors(cfg: TrainConfig, run: Run, store: Any, pool: Any, learner: Learner, stop: Any,
+def _learn_from_actors(cfg: TrainConfig, run: Run, store: Any, pool: Any, learner: Any, stop: Any,
                        policy_path: Any, base_rows: int, seen: list[int]) -> tuple[bool, float, float]:
     """The actor loop's learner: wait for ``learning_starts`` rows, then update within the
     samples-per-insert limit, publishing the weights every ``publish_every`` updates. Returns whether
     it stopped early, the last epsilon and the share of time spent waiting for batches."""
-    total_updates = max(1, (cfg.steps - cfg.learning_starts) // cfg.train_freq * cfg.gradient_steps)
-    spi = cfg.samples_per_insert or cfg.batch_size * cfg.gradient_steps / cfg.train_freq
-    decay = cfg.exploration_fraction * cfg.steps
-    epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
-    slack = max(cfg.train_freq, cfg.actors * cfg.envs_per_actor * 4)
-    warmup = max(cfg.learning_starts - base_rows, 0)
+    total_updates = max(1, (cfg.steps - cfg.algo.learning_starts) // cfg.algo.train_freq * cfg.algo.gradient_steps)
+    spi = cfg.acting.samples_per_insert or cfg.algo.batch_size * cfg.algo.gradient_steps / cfg.algo.train_freq
+    decay = cfg.algo.exploration_fraction * cfg.steps
+    epsilon = linear_schedule(cfg.algo.start_e, cfg.algo.end_e, decay, run.env_steps)
+    slack = max(cfg.algo.train_freq, cfg.actors * cfg.acting.envs_per_actor * 4)
+    warmup = max(cfg.algo.learning_starts - base_rows, 0)
 
     def allowed(updates: int) -> int:  # env steps the actors may have stored for this many updates
-        return warmup + math.ceil(updates * cfg.batch_size / spi) + slack
+        return warmup + math.ceil(updates * cfg.algo.batch_size / spi) + slack
 
     pool.allow(allowed(0))
     while pool.env_steps < max(warmup, 1) and not (stop is not None and stop.stop_requested):  # warm-up
@@ -354,7 +353,7 @@ def _learn_from_actors(cfg: TrainConfig, run: Run, store: Any, pool: Any, learne
     try:
         while run.env_steps < cfg.steps and not stopped:
             # RATE LIMIT: at most samples_per_insert sampled transitions per inserted one
-            while (session_updates + 1) * cfg.batch_size > spi * (pool.env_steps - warmup + slack) and \
+            while (session_updates + 1) * cfg.algo.batch_size > spi * (pool.env_steps - warmup + slack) and \
                     base_rows + pool.env_steps < cfg.steps:
                 time.sleep(0.0005)
                 pool.check()
@@ -362,20 +361,20 @@ def _learn_from_actors(cfg: TrainConfig, run: Run, store: Any, pool: Any, learne
                 store.refresh(scan=False)  # the actors' newest rows (new segments: every second)
             b = batches.next()
             td = learner.update(b)
-            if cfg.prioritized and td is not None:
+            if cfg.replay.prioritized and td is not None:
                 batches.update_priorities(b.ids, td.abs())
             session_updates += 1
             run.updates += 1
             pool.allow(allowed(session_updates))
             run.env_steps = base_rows + pool.env_steps
-            epsilon = linear_schedule(cfg.start_e, cfg.end_e, decay, run.env_steps)
-            if session_updates % cfg.publish_every == 0:  # PUBLISH: atomic file, actors reload it
-                save_policy(policy_path, learner.q, epsilon=epsilon, step=run.env_steps, **run.meta())
+            epsilon = linear_schedule(cfg.algo.start_e, cfg.algo.end_e, decay, run.env_steps)
+            if session_updates % cfg.acting.publish_every == 0:  # PUBLISH: atomic file, actors reload it
+                save_policy(policy_path, learner.policy_net, epsilon=epsilon, step=run.env_steps, **run.meta())
             run.profile_step()
             if run.step >= run.next_log:  # the actors' episode returns are read here only (a queue poll)
                 _take_returns(run, pool, seen)
                 run.maybe_log(learner, epsilon, data_wait=batches.wait_fraction())
-            stopped = run.maybe_eval(learner, cfg.eval_env or cfg.env_id) or (stop is not None
+            stopped = run.maybe_eval(learner, cfg.report.eval_env or cfg.env_id) or (stop is not None
                                                                               and stop.stop_requested)
             run.maybe_checkpoint(learner, None, None, epsilon)
         return stopped, epsilon, batches.total_wait_fraction()
@@ -395,8 +394,8 @@ def _take_returns(run: Run, pool: Any, seen: list[int]) -> None:
 
 # -- offline --------------------------------------------------------------------------------------------
 def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
-    """BC, DQN or CQL (discrete actions), TD3+BC, IQL or BC (Box actions, ``continuous.py``) from a
-    saved store, read-only; ``steps`` learner updates."""
+    """Any registered algorithm that fits the store's actions (``mmreplay.train.algos``) from a saved
+    store, read-only; ``steps`` learner updates."""
     from ..storage import open_store
 
     run = Run(cfg, _run_dir(cfg))
@@ -407,10 +406,7 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     else:
         store = open_store(cfg.store, mode="r")
     try:
-        from ..agent.continuous import is_continuous
-        from .continuous import check_algo_fits
-
-        check_algo_fits(cfg.algo, store.schema, str(cfg.archive or cfg.store))
+        check_fits(cfg.algo.name, store.schema, str(cfg.archive or cfg.store))
         if store.num_rows == 0 and not store.wait_for_rows():  # said before the run directory is made
             from ..core.errors import EmptyStoreError
 
@@ -424,16 +420,9 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
             store.wait_checked()
             secs = time.perf_counter() - t0
             log.info("checked in %.1f s (%.2f GB/s)", secs, gb / max(secs, 1e-9))
-        eval_env = cfg.eval_env or cfg.env_id or store.metadata.get("env_id")
+        eval_env = cfg.report.eval_env or cfg.env_id or store.metadata.get("env_id")
         check_eval_env(store, eval_env, cfg)  # one line, before anything starts
-        learner: Any
-        if is_continuous(store.schema):  # TD3+BC, IQL or BC for Box actions (continuous.py)
-            from .continuous import make_learner
-
-            learner = make_learner(cfg, store, eval_env, run.device)
-        else:
-            n_actions = offline_n_actions(store, eval_env, cfg)
-            learner = Learner(cfg, qnet_spec(cfg, store.schema, n_actions), run.device)
+        learner = make_learner(cfg, store, run.device, eval_env)
         if run.payload:
             learner.load(run.payload)
             restore_torch_rng(run.payload)
@@ -448,7 +437,7 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
         while run.updates < cfg.steps and not stopped:
             b = batches.next()
             td = learner.update(b)
-            if cfg.prioritized and td is not None:
+            if cfg.replay.prioritized and td is not None:
                 batches.update_priorities(b.ids, td.abs())
             run.updates += 1
             run.profile_step()

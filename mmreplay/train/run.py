@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from ..sampling.uniform import TransitionSampler
     from ..storage import ReplayStore, Writer
     from .config import TrainConfig
-    from .learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +83,12 @@ class Run:
         if not cfg.resume and ckpt.exists():
             raise FileExistsError(f"{self.dir} already holds a run (checkpoint.pt): pass --resume to continue it, "
                                   "or another --run-dir")
-        self.device = pick_device(cfg.device)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.device = pick_device(cfg.hardware.device)
+        if cfg.hardware.threads:
+            torch.set_num_threads(cfg.hardware.threads)
         elif self.device.type == "cpu" and not cfg.atari:
             torch.set_num_threads(1)  # small MLP matmuls lose more to thread hand-offs than they gain
-        if cfg.flush_denormal and self.device.type == "cpu":
+        if cfg.hardware.flush_denormal and self.device.type == "cpu":
             torch.set_flush_denormal(True)  # (a no-op where the CPU cannot)
         torch.manual_seed(cfg.seed)
         self.payload = load_checkpoint(ckpt, self.device) if cfg.resume else None
@@ -111,10 +110,10 @@ class Run:
         self.returns: list[float] = []
         self.wait_s = 0.0
         self.busy_s = 0.0
-        self.next_log = next_multiple(step, cfg.log_every)
+        self.next_log = next_multiple(step, cfg.report.log_every)
         self.logged = step if cfg.resume else -1  # step of the last metric row
-        self.next_eval = next_multiple(step, cfg.eval_every) if cfg.eval_every else math.inf
-        self.next_ckpt = next_multiple(step, cfg.checkpoint_every) if cfg.checkpoint_every else math.inf
+        self.next_eval = next_multiple(step, cfg.report.eval_every) if cfg.report.eval_every else math.inf
+        self.next_ckpt = next_multiple(step, cfg.report.checkpoint_every) if cfg.report.checkpoint_every else math.inf
         self.profiler: Any = None
 
     def begin(self) -> None:
@@ -124,17 +123,17 @@ class Run:
         if self.log is not None:
             return
         cfg, step = self.cfg, self.step
-        if not cfg.offline and cfg.steps <= cfg.learning_starts:
+        if not cfg.offline and cfg.steps <= cfg.algo.learning_starts:
             log.warning("steps=%s ends before learning_starts=%s (--steps, --learning-starts): the run fills the "
-                        "store and makes no update", f"{cfg.steps:,}", f"{cfg.learning_starts:,}")
+                        "store and makes no update", f"{cfg.steps:,}", f"{cfg.algo.learning_starts:,}")
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-        self.log = RunLog(self.dir, resume_step=step if cfg.resume else None, tensorboard=cfg.tensorboard)
+        (self.dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        self.log = RunLog(self.dir, resume_step=step if cfg.resume else None, tensorboard=cfg.report.tensorboard)
         if cfg.resume:
             log.info("resuming %s from %s %d", self.dir, "update" if cfg.offline else "env step", step)
-        show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+        show = cfg.report.progress if cfg.report.progress is not None else sys.stderr.isatty()
         # stderr not a terminal (a log file, a pipe) and no bar asked for: a progress line every PROGRESS_LINE_S
-        self._lines = cfg.progress is None and not show
+        self._lines = cfg.report.progress is None and not show
         self._line_t = time.perf_counter()
         if show:
             from tqdm import tqdm
@@ -170,7 +169,7 @@ class Run:
         """What the policy files and the checkpoint record about the run: env id (the evaluation env
         when set), ``algo``, ``seed``, ``atari``, ``frame_stack``, ``offline``."""
         c = self.cfg
-        return {"env_id": c.eval_env or c.env_id, "algo": c.algo, "seed": c.seed, "atari": c.atari,
+        return {"env_id": c.report.eval_env or c.env_id, "algo": c.algo.name, "seed": c.seed, "atari": c.atari,
                 "frame_stack": c.frame_stack, "offline": c.offline}
 
     def make_sampler(self, store: ReplayStore, total_updates: int,
@@ -184,20 +183,20 @@ class Run:
 
         c = self.cfg
         refresh = None if c.offline else refresh_interval_s
-        if c.prioritized:
+        if c.replay.prioritized:
             sampler: TransitionSampler = PrioritizedSampler(
-                store, alpha=c.per_alpha, beta=c.per_beta, beta_final=c.per_beta_final,
+                store, alpha=c.replay.per_alpha, beta=c.replay.per_beta, beta_final=c.replay.per_beta_final,
                 beta_steps=max(1, total_updates), seed=c.seed, refresh_interval_s=refresh, name=self.dir.name,
-                n_step=c.n_step, gamma=c.gamma, frame_stack=c.frame_stack)
+                n_step=c.replay.n_step, gamma=c.algo.gamma, frame_stack=c.frame_stack)
         else:
-            sampler = UniformSampler(store, seed=c.seed, refresh_interval_s=refresh, n_step=c.n_step, gamma=c.gamma,
-                                     frame_stack=c.frame_stack, mode=c.sampler_mode, cache_bytes=c.cache_bytes)
+            sampler = UniformSampler(store, seed=c.seed, refresh_interval_s=refresh, n_step=c.replay.n_step, gamma=c.algo.gamma,
+                                     frame_stack=c.frame_stack, mode=c.replay.sampler_mode, cache_bytes=c.replay.cache_bytes)
         if self.payload and self.payload.get("sampler"):
             sampler.set_random_state(self.payload["sampler"])
         load_kernels()  # set-up, before the clock starts (the first sample would import them)
         return sampler
 
-    def maybe_log(self, learner: Learner, epsilon: float | None = None, data_wait: float | None = None,
+    def maybe_log(self, learner: Any, epsilon: float | None = None, data_wait: float | None = None,
                   force: bool = False) -> None:
         """Write a metric row (and move the progress bar) when ``log_every`` steps have passed, or now
         with ``force`` unless this step has one: rates since the last row, the learner's mean loss and
@@ -207,7 +206,7 @@ class Run:
         if force and self.step == self.logged:
             return
         self.logged = self.step
-        self.next_log = next_multiple(self.step, self.cfg.log_every)
+        self.next_log = next_multiple(self.step, self.cfg.report.log_every)
         now = time.perf_counter()
         t, s, u = self._last
         dt = max(now - t, 1e-9)
@@ -242,14 +241,14 @@ class Run:
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(min(self.step, self.cfg.steps) - self.bar.n)
 
-    def maybe_eval(self, learner: Learner, env_id: str | None, force: bool = False) -> bool:
+    def maybe_eval(self, learner: Any, env_id: str | None, force: bool = False) -> bool:
         """Evaluate when due; True when ``target_return`` is reached."""
         c = self.cfg
-        if not env_id or c.eval_episodes == 0 or (not force and self.step < self.next_eval):
+        if not env_id or c.report.eval_episodes == 0 or (not force and self.step < self.next_eval):
             return False
-        self.next_eval = next_multiple(self.step, c.eval_every) if c.eval_every else math.inf
+        self.next_eval = next_multiple(self.step, c.report.eval_every) if c.report.eval_every else math.inf
         t0, c0 = time.perf_counter(), time.process_time()
-        rets = evaluate(learner.policy_net, env_id, c.eval_episodes, seed=c.seed + 100_000 + len(self.evals),
+        rets = evaluate(learner.policy_net, env_id, c.report.eval_episodes, seed=c.seed + 100_000 + len(self.evals),
                         device=self.device, atari=c.atari or None, frame_stack=c.frame_stack,
                         max_episode_steps=c.max_episode_steps)
         spent = time.perf_counter() - t0  # evaluation time is not training time
@@ -265,13 +264,13 @@ class Run:
             self.best = mean
             save_policy(self.dir / "best_policy.pt", learner.policy_net, epsilon=None, step=self.step, eval_return=mean,
                         **self.meta())
-        if c.target_return is not None and mean >= c.target_return:
+        if c.report.target_return is not None and mean >= c.report.target_return:
             log.info("step %d: the target return %g is reached: training stops here (target_return)", self.step,
-                     c.target_return)
+                     c.report.target_return)
             return True
         return False
 
-    def maybe_checkpoint(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
+    def maybe_checkpoint(self, learner: Any, sampler: TransitionSampler | None, rng: np.random.Generator | None,
                          epsilon: float | None, force: bool = False, writer: Writer | None = None) -> None:
         """Write ``checkpoint.pt`` when ``checkpoint_every`` steps have passed (or with ``force``): the
         learner, counters, ``rng`` and sampler state. First ``writer`` publishes (the store visibly holds
@@ -280,18 +279,18 @@ class Run:
             return
         if writer is not None:
             writer.publish()  # the store holds (visibly) every env step the checkpoint counts
-        self.next_ckpt = next_multiple(self.step, self.cfg.checkpoint_every) if self.cfg.checkpoint_every else math.inf
+        self.next_ckpt = next_multiple(self.step, self.cfg.report.checkpoint_every) if self.cfg.report.checkpoint_every else math.inf
         save = getattr(sampler, "save", None)
         if save is not None and not self.cfg.offline:
             save()  # priorities live in the store; written before the checkpoint that counts on them
         counters = {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                     "time_s": self.wall_s, "cpu_s": self.cpu_s, "best_eval": self.best, "evals": self.evals}
-        save_checkpoint(self.dir / CHECKPOINT_NAME, **learner.checkpoint_parts(), config=asdict(self.cfg),
+        save_checkpoint(self.dir / CHECKPOINT_NAME, **learner.checkpoint_parts(), config=self.cfg.to_dict(),
                         counters=counters, rng=rng, sampler=sampler, meta={**self.meta(), "epsilon": epsilon})
 
     def profile_step(self) -> None:
         """Profile updates 10..30 of this session when ``profile`` is set (trace in run_dir/profile)."""
-        if not self.cfg.profile:
+        if not self.cfg.hardware.profile:
             return
         if self.profiler is None:
             from torch.profiler import ProfilerActivity, profile, schedule
@@ -310,7 +309,7 @@ class Run:
             self.profiler.__enter__()
         self.profiler.step()
 
-    def finish(self, learner: Learner, sampler: TransitionSampler | None, rng: np.random.Generator | None,
+    def finish(self, learner: Any, sampler: TransitionSampler | None, rng: np.random.Generator | None,
                epsilon: float | None, eval_env: str | None, stopped: bool,
                data_wait: float | None = None) -> TrainResult:
         """End the session: a last evaluation (unless ``stopped``, or one at the last step exists),

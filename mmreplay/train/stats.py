@@ -1,6 +1,6 @@
 """The learners' running statistics: the mean loss and mean Q(s, a) of the updates since the last
-read, kept on the device (:class:`UpdateStats`, which :class:`mmreplay.train.Learner` and
-``ContinuousLearner`` share).
+read, kept on the device (:class:`UpdateStats`, which :class:`mmreplay.train.QLearner` and
+:class:`mmreplay.train.BoxLearner` share).
 
 Invariants: recording an update costs no host-device sync (the detached tensors are kept, then
 summed 1,024 updates at a time into ``_sums`` = (loss, Q) over ``_counts`` = (updates, Q values), so
@@ -24,8 +24,9 @@ class UpdateStats:
     device: torch.device
 
     def _init_stats(self, cfg: Any, device: torch.device) -> None:
-        """Empty accumulators on ``device``; with ``cfg.cuda_graphs`` the update is captured and
-        replayed (``graphs.GraphedUpdate``), or runs eagerly after one warning saying why."""
+        """Empty accumulators on ``device``; with ``cfg.cuda_graphs`` (``cfg``: the run's hardware
+        settings) the update is captured and replayed (``graphs.GraphedUpdate``), or runs eagerly
+        after one warning saying why."""
         self._losses: list[torch.Tensor] = []
         self._qs: list[torch.Tensor] = []
         self._sums = torch.zeros(2, device=device)

@@ -45,7 +45,7 @@ def record_training(store: ReplayStore, cfg: TrainConfig, run_dir: Path, *, shar
                          f"{o.get('pid')}); two online trainers on one store both write and sample it "
                          "(pass --shared-store if that is meant, or use another --store)")
     return store.record_provenance({"kind": "train", "status": "running", "env_id": cfg.env_id, "seed": cfg.seed,
-                                    "policy": cfg.algo, "run_dir": str(run_dir), "pid": os.getpid(),
+                                    "policy": cfg.algo.name, "run_dir": str(run_dir), "pid": os.getpid(),
                                     "host": socket.gethostname(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                               time.gmtime())})
 

@@ -1,23 +1,7 @@
-"""Offline learners for continuous (Box) actions: TD3+BC, IQL and behaviour cloning.
-
-:class:`ContinuousLearner` holds the networks, their optimizers and one gradient step
-(``# ALGO LOGIC``), with the hyperparameters of CORL's single-file implementations as defaults
-(:func:`mmreplay.train.continuous_config`):
-
-* ``td3bc`` (Fujimoto & Gu 2021): twin critics and a deterministic ``tanh`` actor, target policy
-  smoothing (noise 0.2 clipped at 0.5), the actor and the targets updated every ``policy_freq`` = 2
-  critic updates, Polyak ``tau`` = 0.005, actor loss ``-lambda * Q1(s, pi(s)) + (pi(s) - a)^2`` with
-  ``lambda = alpha / mean|Q1|`` (``alpha`` = 2.5);
-* ``iql`` (Kostrikov et al. 2021): twin critics, a value network fitted by expectile regression
-  (``iql_expectile`` = 0.7) to the target critics' minimum, critics regressed on ``r + gamma V(s')``,
-  target critics Polyak-averaged (``tau`` = 0.005) every update, and advantage-weighted regression of
-  a Gaussian actor (state-independent log std; weights ``exp(beta * A)`` clipped at 100,
-  ``beta`` = 3) whose learning rate follows a cosine schedule from lr to 0 over the run's ``steps``
-  (CORL's ``CosineAnnealingLR``, in its closed form: a resumed run with more ``steps`` stretches
-  what is left of it);
-* ``bc``: the deterministic actor regressed on the data's actions (mean squared error).
-
-Every network has ``hidden`` = (256, 256) ReLU layers and one Adam optimizer (lr 3e-4), batches of 256.
+"""The learner of the Box-action algorithms (:class:`BoxLearner`): observation normalization, the
+data's actions mapped onto [-1, 1], the actor, the networks an algorithm adds (critics, values,
+targets) with their optimizers, and one gradient step around the algorithm's ``step``
+(``algos/td3bc.py``, ``algos/iql.py``, ``algos/bc.py`` write theirs).
 
 Invariants:
 
@@ -29,9 +13,10 @@ Invariants:
 * observations are normalized with the dataset's mean and std (plus 1e-3, as CORL) from
   :func:`mmreplay.field_stats` (cached; computed once per store), once per batch for every
   network; the actor carries them, so its policy file takes raw observations;
-* the learner's whole state (networks, targets, optimizers; the schedule follows the update
-  count) goes into the checkpoint and comes back on ``resume``, so with the run's sampler and torch
-  generator restored a resumed run makes the same next update as an uninterrupted one.
+* the learner's whole state (networks, targets, optimizers; a schedule follows the update count)
+  goes into the checkpoint under the names the algorithm gave them and comes back on ``resume``,
+  so with the run's sampler and torch generator restored a resumed run makes the same next update
+  as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -39,42 +24,27 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import time
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..agent.continuous import Actor, TwinCritic, ValueNetwork, actor_spec, is_continuous
+from ..agent.continuous import Actor, actor_spec
 from .stats import UpdateStats
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
+    from .algos.base import LearnerSetup
     from .config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-CONTINUOUS_ALGOS = ("td3bc", "iql")
-"""Algorithms for Box actions only; ``bc`` works for both kinds."""
-DISCRETE_ALGOS = ("dqn", "cql")
 OBS_STD_EPS = 1e-3
 """Added to the observations' standard deviation (CORL's ``compute_mean_std(..., eps=1e-3)``)."""
-EXP_ADV_MAX = 100.0
-"""IQL: the advantage weights ``exp(beta * A)`` are clipped at this."""
-
-
-def check_algo_fits(algo: str, schema: Any, where: str) -> None:
-    """One clear ``ValueError`` when the algorithm cannot learn from the store's action field."""
-    f = schema["action"] if "action" in schema else None
-    kind = "none" if f is None else f"{f.dtype} {tuple(f.shape)}"
-    if algo in CONTINUOUS_ALGOS and not is_continuous(schema):
-        raise ValueError(f"--algo {algo} needs continuous (Box) actions, but the `action` field of {where} is {kind} "
-                         f"(discrete): use --algo bc, dqn or cql")
-    if algo in DISCRETE_ALGOS and is_continuous(schema):
-        raise ValueError(f"--algo {algo} needs discrete actions, but the `action` field of {where} is {kind} "
-                         f"(continuous, a Box): use --algo td3bc, iql or bc")
 
 
 def _box(space: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -156,25 +126,44 @@ def action_bounds(store: ReplayStore, eval_space: Any, eval_env: str | None, dim
     return data, policy, clip
 
 
-class ContinuousLearner(UpdateStats):
-    """The networks of TD3+BC, IQL or BC, their optimizers and one gradient step (see the module
-    docstring). ``actor`` is what is saved and evaluated (:attr:`policy_net`). Its statistics: the
-    critics' loss for TD3+BC and IQL, the actor's for BC; Q(s, a) of the first critic."""
+Step = Callable[["BoxLearner", Any, Any, Any, Any, Any], "tuple[torch.Tensor, torch.Tensor | None]"]
+"""An algorithm's step: ``(learner, x, x2, a, r, disc) -> (loss, Q(s, a) of the data's actions or None)`` on
+normalized observations ``x`` and next observations ``x2``, unit actions ``a``, rewards ``r`` and bootstrap
+factors ``disc``; it runs its optimizers itself (:meth:`BoxLearner.optimize`)."""
 
-    def __init__(self, cfg: TrainConfig, schema: Any, device: torch.device, *, obs_mean: np.ndarray,
-                 obs_std: np.ndarray, data_bounds: tuple[np.ndarray, np.ndarray],
+
+@dataclass(frozen=True)
+class BoxAlgorithm:
+    """What a Box algorithm gives :class:`BoxLearner`: its ``step``; ``build`` (adds its networks with
+    :meth:`BoxLearner.add_network` and :meth:`BoxLearner.add_target`); whether its actor is Gaussian;
+    ``phase`` (the host-side branch of the next update, for graph capture) and ``after_graphed_update``
+    (host-side work of a replayed update)."""
+
+    step: Step
+    build: Callable[[BoxLearner], None] | None = None
+    gaussian: bool = False
+    phase: Callable[[BoxLearner], Any] | None = None
+    after_graphed_update: Callable[[BoxLearner], None] | None = None
+
+
+class BoxLearner(UpdateStats):
+    """The actor, the networks an algorithm adds, their optimizers and one gradient step (see the
+    module docstring). ``actor`` is what is saved and evaluated (:attr:`policy_net`). Its statistics:
+    the loss and Q(s, a) the algorithm's step returns."""
+
+    def __init__(self, cfg: TrainConfig, schema: Any, device: torch.device, algorithm: BoxAlgorithm, *,
+                 obs_mean: np.ndarray, obs_std: np.ndarray, data_bounds: tuple[np.ndarray, np.ndarray],
                  policy_bounds: tuple[np.ndarray, np.ndarray], clip_actions: bool = False) -> None:
         self.cfg = cfg
+        self.algo = algo = cfg.algo
         self.device = device
-        self.algo = cfg.algo
-        gaussian = cfg.algo == "iql" and not cfg.iql_deterministic
-        spec = actor_spec(schema, hidden=cfg.hidden, gaussian=gaussian, action_low=policy_bounds[0],
+        self._algorithm = algorithm
+        spec = actor_spec(schema, hidden=algo.hidden, gaussian=algorithm.gaussian, action_low=policy_bounds[0],
                           action_high=policy_bounds[1])
         self.actor = Actor(spec).to(device)
         self.actor.set_normalization(obs_mean, obs_std)
-        obs_dim = int(self.actor.obs_mean.numel())
-        act_dim = int(spec["action_dim"])
-        self.act_dim = act_dim
+        self.obs_dim = int(self.actor.obs_mean.numel())
+        self.act_dim = int(spec["action_dim"])
         # per batch: x = obs * inv_std + shift (one op), the data's actions likewise onto [-1, 1]
         self._inv = (1.0 / self.actor.obs_std).clone()
         self._shift = (-self.actor.obs_mean * self._inv).clone()
@@ -183,33 +172,48 @@ class ContinuousLearner(UpdateStats):
         self._a_inv = 2.0 / (hi - lo)
         self._a_shift = -(hi + lo) / (hi - lo)
         self._clip = clip_actions
-        adam = dict(lr=cfg.learning_rate, fused=True)
-        self.critic = self.critic_target = self.actor_target = self.value = None
-        self.critic_opt = self.value_opt = None
-        if cfg.algo in ("td3bc", "iql"):
-            self.critic = TwinCritic(obs_dim, act_dim, cfg.hidden).to(device)
-            self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-            self.critic_opt = torch.optim.Adam(self.critic.parameters(), **adam)
-        if cfg.algo == "td3bc":
-            self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        if cfg.algo == "iql":
-            self.value = ValueNetwork(obs_dim, cfg.hidden).to(device)
-            self.value_opt = torch.optim.Adam(self.value.parameters(), **adam)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), **adam)
-        self._actor_params = list(self.actor.parameters())
+        self._max_norm = float(algo.max_grad_norm)
+        self.networks: dict[str, torch.nn.Module] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.actor_opt = self._optimizer("actor_opt", self.actor)
+        self.actor_params = list(self.actor.parameters())
         self._targets: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
-        for target, net in ((self.critic_target, self.critic), (self.actor_target, self.actor)):
-            if target is not None:
-                self._targets.append((list(target.parameters()), list(net.parameters())))
         self.updates = 0
-        self._init_stats(cfg, device)  # the loss and Q(s, a) accumulators; --cuda-graphs
+        if algorithm.build is not None:
+            algorithm.build(self)
+        self._init_stats(cfg.hardware, device)  # the loss and Q(s, a) accumulators; --cuda-graphs
+
+    # -- what an algorithm builds -----------------------------------------------------------------
+    def _optimizer(self, name: str, net: torch.nn.Module) -> torch.optim.Optimizer:
+        opt = torch.optim.Adam(net.parameters(), lr=self.algo.learning_rate, fused=True)
+        self.optimizers[name] = opt
+        return opt
+
+    def add_network(self, name: str, net: torch.nn.Module) -> torch.nn.Module:
+        """Add ``net`` (moved to the device) as attribute ``name`` with an Adam optimizer
+        ``<name>_opt``; both are checkpointed under these names."""
+        net = net.to(self.device)
+        self.networks[name] = net
+        setattr(self, name, net)
+        setattr(self, f"{name}_opt", self._optimizer(f"{name}_opt", net))
+        return net
+
+    def add_target(self, name: str) -> torch.nn.Module:
+        """Add ``<name>_target``, a frozen copy of network ``name`` (or the actor) that
+        :meth:`soft_update` Polyak-averages towards it; checkpointed under that name."""
+        net = self.actor if name == "actor" else self.networks[name]
+        target = copy.deepcopy(net).requires_grad_(False)
+        self.networks[f"{name}_target"] = target
+        setattr(self, f"{name}_target", target)
+        self._targets.append((list(target.parameters()), list(net.parameters())))
+        return target
 
     @property
     def policy_net(self) -> Actor:
         """The network a policy file holds and evaluation runs: the actor."""
         return self.actor
 
-    # -- ALGO LOGIC -----------------------------------------------------------------------------
+    # -- one update -------------------------------------------------------------------------------
     def _inputs(self, b: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normalized observations and next observations, unit actions, rewards and bootstrap factors."""
         names = self.actor.names
@@ -230,117 +234,68 @@ class ContinuousLearner(UpdateStats):
         if b.discount is not None:  # n-step views: gamma^m, 0 after termination
             disc = b.discount.float()
         else:
-            disc = (~b.terminated.bool()).float().mul_(self.cfg.gamma)
+            disc = (~b.terminated.bool()).float().mul_(self.algo.gamma)
         return x, x2, a, r, disc
 
     def update(self, b: Any) -> None:
-        """One gradient step on a batch of tensors (``TensorBatch``)."""
-        cfg = self.cfg
-        x, x2, a, r, disc = self._inputs(b)
-        q_data = None
-        if self.algo == "td3bc":
-            assert self.critic is not None and self.critic_target is not None and self.actor_target is not None
-            with torch.no_grad():  # target policy smoothing (unit actions: max_action = 1)
-                noise = (torch.randn_like(a) * cfg.policy_noise).clamp_(-cfg.noise_clip, cfg.noise_clip)
-                next_a = (self.actor_target.forward_normalized(x2) + noise).clamp_(-1.0, 1.0)
-                y = torch.addcmul(r, disc, self.critic_target(x2, next_a).min(0).values)
-            q = self.critic(x, a)
-            loss = F.mse_loss(q, y.expand(2, -1)) * 2  # the sum of both critics' MSE
-            self._step(self.critic_opt, loss, self.critic)
-            if (self.updates + 1) % cfg.policy_freq == 0:
-                pi = self.actor.forward_normalized(x)
-                q_pi = self.critic.q1(x, pi)
-                lmbda = cfg.td3bc_alpha / q_pi.abs().mean().detach()
-                actor_loss = -lmbda * q_pi.mean() + F.mse_loss(pi, a)
-                self._step(self.actor_opt, actor_loss, self.actor, inputs=self._actor_params)
-                self._soft_update()
-            q_data = q[0]
-        elif self.algo == "iql":
-            assert self.critic is not None and self.critic_target is not None and self.value is not None
-            with torch.no_grad():
-                next_v = self.value(x2)
-                target_q = self.critic_target(x, a).min(0).values
-            adv = target_q - self.value(x)
-            v_loss = (torch.abs(cfg.iql_expectile - (adv < 0).float()) * adv.pow(2)).mean()
-            self._step(self.value_opt, v_loss, self.value)
-            y = torch.addcmul(r, disc, next_v)
-            q = self.critic(x, a)
-            loss = F.mse_loss(q, y.expand(2, -1))  # the mean of both critics' MSE
-            self._step(self.critic_opt, loss, self.critic)
-            self._soft_update()
-            exp_adv = torch.exp(cfg.iql_beta * adv.detach()).clamp_(max=EXP_ADV_MAX)
-            if self.actor.log_std is not None:
-                bc = -self.actor.log_prob(x, a)
-            else:
-                bc = (self.actor.forward_normalized(x) - a).pow(2).sum(1)
-            self._step(self.actor_opt, (exp_adv * bc).mean(), self.actor)
-            self._schedule_actor_lr(self.updates + 1)
-            q_data = q[0]
-        else:  # bc
-            loss = F.mse_loss(self.actor.forward_normalized(x), a)
-            self._step(self.actor_opt, loss, self.actor)
+        """One gradient step of the algorithm on a batch of tensors (``TensorBatch``)."""
+        loss, q_data = self._algorithm.step(self, *self._inputs(b))
         self.updates += 1
         self._record(loss, q_data)
 
-    def _schedule_actor_lr(self, updates: int) -> None:
-        """IQL: CORL steps CosineAnnealingLR(T_max=steps) after each actor step; its closed form,
-        from the update count (stateless: a resumed run continues the same curve)."""
-        cfg = self.cfg
-        self.actor_opt.param_groups[0]["lr"] = cfg.learning_rate * 0.5 * (
-            1 + math.cos(math.pi * min(updates, cfg.steps) / max(1, cfg.steps)))
+    def phase(self) -> Any:
+        """The host-side branch the next update takes (``graphs.GraphedUpdate`` captures one graph per
+        phase), as the algorithm says; ``None`` when it always takes the same."""
+        return None if self._algorithm.phase is None else self._algorithm.phase(self)
 
     def after_graphed_update(self) -> None:
-        """Host-side work of an update replayed as a graph (``graphs.GraphedUpdate``)."""
-        if self.algo == "iql":
-            self._schedule_actor_lr(self.updates)
+        """Host-side work of an update replayed as a graph (``graphs.GraphedUpdate``), as the algorithm says."""
+        if self._algorithm.after_graphed_update is not None:
+            self._algorithm.after_graphed_update(self)
 
-    def _step(self, opt: Any, loss: torch.Tensor, net: torch.nn.Module, inputs: list[torch.Tensor] | None = None) -> None:
+    def optimize(self, opt: Any, loss: torch.Tensor, net: torch.nn.Module,
+                 inputs: list[torch.Tensor] | None = None) -> None:
+        """A gradient step of ``opt`` on ``loss`` (gradients of ``inputs`` only when given: the actor's
+        loss steps the actor, not the critic), clipped to ``max_grad_norm`` when it is set."""
         opt.zero_grad(set_to_none=True)
-        loss.backward(inputs=inputs)  # the actor's loss: gradients of the actor only (not the critic's weights)
-        if self.cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), self.cfg.max_grad_norm)
+        loss.backward(inputs=inputs)
+        if self._max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), self._max_norm)
         opt.step()
 
     @torch.no_grad()
-    def _soft_update(self) -> None:
-        for target, online in self._targets:  # target += tau (online - target), one fused op per network
-            torch._foreach_lerp_(target, online, self.cfg.tau)
+    def soft_update(self) -> None:
+        """Every target += tau (online - target), one fused op per network."""
+        for target, online in self._targets:
+            torch._foreach_lerp_(target, online, self.algo.tau)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint_parts(self) -> dict[str, Any]:
         """What ``Run.maybe_checkpoint`` writes: the actor as the policy, the rest as ``learner``."""
         extra: dict[str, Any] = {"actor_opt": self.actor_opt.state_dict()}
-        for name in ("critic", "critic_target", "actor_target", "value"):
-            net = getattr(self, name)
-            if net is not None:
-                extra[name] = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-        for name in ("critic_opt", "value_opt"):
-            obj = getattr(self, name)
-            if obj is not None:
-                extra[name] = obj.state_dict()
+        for name, net in self.networks.items():
+            extra[name] = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+        for name, opt in self.optimizers.items():
+            extra[name] = opt.state_dict()
         return {"q": self.actor, "target": None, "optimizer": self.actor_opt, "extra": extra}
 
     def load(self, payload: dict[str, Any]) -> None:
         """Restore the state :meth:`checkpoint_parts` saved."""
         self.actor.load_state_dict(payload["state_dict"])
         extra = payload.get("learner") or {}
-        for name in ("critic", "critic_target", "actor_target", "value"):
-            net = getattr(self, name)
-            if net is not None:
-                net.load_state_dict(extra[name])
-        self.actor_opt.load_state_dict(extra["actor_opt"])
-        for name in ("critic_opt", "value_opt"):
-            obj = getattr(self, name)
-            if obj is not None:
-                obj.load_state_dict(extra[name])
+        for name, net in self.networks.items():
+            net.load_state_dict(extra[name])
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(extra[name])
         self._inv = (1.0 / self.actor.obs_std).clone()
         self._shift = (-self.actor.obs_mean * self._inv).clone()
         self.updates = int(payload["counters"]["updates"])
 
 
-def make_learner(cfg: TrainConfig, store: ReplayStore, eval_env: str | None, device: torch.device) -> ContinuousLearner:
-    """A :class:`ContinuousLearner` for ``store``: observation statistics (``field_stats``, cached),
-    the action scale (:func:`action_bounds`) and the eval env's Box."""
+def box_learner(setup: LearnerSetup, algorithm: BoxAlgorithm) -> BoxLearner:
+    """A :class:`BoxLearner` of ``algorithm`` for ``setup.store``: observation statistics (``field_stats``,
+    cached), the action scale (:func:`action_bounds`) and the eval env's Box."""
+    cfg, store, eval_env = setup.cfg, setup.store, setup.eval_env
     from ..stats import field_stats
 
     schema = store.schema
@@ -359,9 +314,9 @@ def make_learner(cfg: TrainConfig, store: ReplayStore, eval_env: str | None, dev
     dim = int(math.prod(schema["action"].shape))
     data, policy, clip = action_bounds(store, eval_space, eval_env, dim)
     means, stds = [], []
-    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    show = cfg.report.progress if cfg.report.progress is not None else sys.stderr.isatty()
     for name in schema.obs_names:
-        if cfg.normalize_obs:
+        if cfg.algo.normalize_obs:
             bar: Any = None
             told = False
 
@@ -391,7 +346,7 @@ def make_learner(cfg: TrainConfig, store: ReplayStore, eval_env: str | None, dev
             n = int(math.prod(schema[name].shape))
             means.append(np.zeros(n))
             stds.append(np.ones(n))
-    if cfg.normalize_obs:
+    if cfg.algo.normalize_obs:
         log.info("observations normalized with the mean and std of %d transitions (mmreplay.field_stats)", st.count)
-    return ContinuousLearner(cfg, schema, device, obs_mean=np.concatenate(means), obs_std=np.concatenate(stds),
-                             data_bounds=data, policy_bounds=policy, clip_actions=clip)
+    return BoxLearner(cfg, schema, setup.device, algorithm, obs_mean=np.concatenate(means),
+                      obs_std=np.concatenate(stds), data_bounds=data, policy_bounds=policy, clip_actions=clip)
