@@ -8,7 +8,7 @@ data path alone. One JSON file (``--out``), also printed as markdown.
 Parts (each timed over ``--seconds`` after a warm-up; the device is synchronised at the end of
 each timed phase, so rates count finished work):
 
-* ``learner``: Nature-CNN double-DQN updates (``mmreplay.train.Learner``, Adam, Huber loss,
+* ``learner``: Nature-CNN double-DQN updates (``mmreplay.train.QLearner`` with ``algos.dqn``'s loss, Adam, Huber loss,
   gradients clipped at 10) on one device-resident Atari batch (uint8 stacks of 4 frames),
   eager and with ``cuda_graphs=True`` (``mmreplay.train.graphs``; on a CPU it falls back, and
   the row says so);
@@ -38,8 +38,8 @@ import torch
 import mmreplay
 from mmreplay.agent import network_spec
 from mmreplay.loader import TensorBatch
-from mmreplay.train import Learner
-from mmreplay.train.config import TrainConfig
+from mmreplay.train import QLearner, config_for, with_settings
+from mmreplay.train.algos.dqn import dqn_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kit import data_path_rates  # noqa: E402
@@ -87,11 +87,11 @@ def learner_rows(args: argparse.Namespace, device: torch.device) -> list[dict[st
                         terminated=(torch.rand(batch, generator=g) < 0.01).to(device),
                         truncated=torch.zeros(batch, dtype=torch.bool, device=device), ids=np.arange(batch))
         for graphs in (False, True):
-            cfg = TrainConfig(env_id="ALE/Pong-v5", store="-", atari=True, frame_stack=4, batch_size=batch,
+            cfg = config_for(env_id="ALE/Pong-v5", store="-", atari=True, frame_stack=4, batch_size=batch,
                               learning_rate=1e-4, max_grad_norm=10.0, target_update_interval=1000,
                               device=str(device), cuda_graphs=graphs)
             torch.manual_seed(0)
-            learner = Learner(cfg, spec, device)
+            learner = QLearner(cfg, spec, device, dqn_loss)
             ups = timed(lambda: learner.update(b), args.seconds, device, warmup=8)
             row = {"part": "learner", "batch": batch, "mode": "graphs" if graphs else "eager", "updates_per_s": ups}
             if graphs:

@@ -8,7 +8,7 @@ and host-to-device bandwidth from pinned vs pageable memory. One script, one run
 
 Workload: the Atari replay (84x84 uint8 single frames, stacks of 4, uniform batches of 32 and
 256, obs and next_obs) in a disk-backed store of ``--rows`` rows, page cache warm. Consumer: one
-double-DQN update of the Nature CNN (``mmreplay.train.Learner``, Adam, Huber loss) per batch.
+double-DQN update of the Nature CNN (``mmreplay.train.QLearner`` with ``algos.dqn``'s loss, Adam, Huber loss) per batch.
 
 Rows printed (markdown):
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+
 import shutil
 import tempfile
 import time
@@ -40,8 +40,8 @@ import torch
 import mmreplay
 from mmreplay.train import to_tensors
 from mmreplay.agent import network_spec
-from mmreplay.train import Learner
-from mmreplay.train.config import TrainConfig
+from mmreplay.train import QLearner, config_for, with_settings
+from mmreplay.train.algos.dqn import dqn_loss
 
 
 def fill(path: str, rows: int) -> mmreplay.ReplayStore:
@@ -77,7 +77,7 @@ def h2d(batch: int, device: torch.device, repeats: int = 50) -> tuple[float, flo
     return out[0], out[1]
 
 
-def run_updates(learner: Learner, batches: Any, seconds: float, device: torch.device) -> tuple[float, float]:
+def run_updates(learner: QLearner, batches: Any, seconds: float, device: torch.device) -> tuple[float, float]:
     """(updates/s, waiting fraction) over ``seconds`` of updates drawing from ``batches()``."""
     for _ in range(3):  # warm-up: cuDNN autotuning, allocator
         learner.update(batches())
@@ -122,10 +122,10 @@ def main() -> None:
             print(f"| {batch} | {pageable:.2f} | {pinned:.2f} |", flush=True)
         print("\n| batch | mode | updates/s | learner waiting |\n|---|---|---|---|")
         for batch in (32, 256):
-            cfg = TrainConfig(env_id="ALE/Pong-v5", store="-", atari=True, frame_stack=4, batch_size=batch,
+            cfg = config_for(env_id="ALE/Pong-v5", store="-", atari=True, frame_stack=4, batch_size=batch,
                               learning_rate=1e-4, amp=args.amp, device=args.device)
             spec = network_spec(store.schema, 6, frame_stack=4)
-            learner = Learner(cfg, spec, device)
+            learner = QLearner(cfg, spec, device, dqn_loss)
             sampler = mmreplay.UniformSampler(store, frame_stack=4, seed=0)
             ups, wait = run_updates(learner, lambda s=sampler, b=batch: to_tensors(s.sample(b), device),
                                     args.seconds, device)
@@ -137,7 +137,7 @@ def main() -> None:
                 results[f"loader_{batch}"] = {"updates_per_s": ups, "wait": wait, "pinned": loader.pinned}
             print(f"| {batch} | BatchLoader workers={args.workers} | {ups:,.0f} | {wait:.0%} |", flush=True)
             if args.cuda_graphs:
-                graphed = Learner(replace(cfg, cuda_graphs=True), spec, device)
+                graphed = QLearner(with_settings(cfg, cuda_graphs=True), spec, device, dqn_loss)
                 with mmreplay.BatchLoader(mmreplay.UniformSampler(store, frame_stack=4, seed=0), batch, device=device,
                                           prefetch=args.prefetch, workers=args.workers) as loader:
                     ups, wait = run_updates(graphed, lambda it=loader: next(it), args.seconds, device)

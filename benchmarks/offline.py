@@ -58,11 +58,11 @@ def make_dataset(root: Path, name: str, steps: int, seed: int) -> dict[str, floa
 
 
 def run_cell(root: Path, dataset: str, algo: str, seed: int, updates: int, **overrides: object) -> dict[str, object]:
-    from mmreplay.train import TrainConfig, train
+    from mmreplay.train import config_for, train
 
     run_dir = root / "runs" / f"{dataset}-{algo}-s{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    cfg = TrainConfig(offline=True, store=str(root / dataset), algo=algo, steps=updates, batch_size=64, seed=seed,
+    cfg = config_for(offline=True, store=str(root / dataset), algo=algo, steps=updates, batch_size=64, seed=seed,
                       eval_env="CartPole-v1", eval_every=updates // 4, eval_episodes=20, run_dir=str(run_dir),
                       checkpoint_every=0, log_every=1000, tensorboard=False, **overrides)  # type: ignore[arg-type]
     t0 = time.perf_counter()

@@ -8,6 +8,7 @@ bodies, so ``mmreplay --help`` stays fast.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import Any
@@ -15,15 +16,6 @@ from typing import Any
 import click
 
 from ._errors import describe, friendly, one_line
-
-_FLOAT = click.FLOAT
-_INT = click.INT
-_POS = click.IntRange(min=1)  # a bad value is a usage error (exit 2), as collect's
-_NAT = click.IntRange(min=0)
-
-
-def _opt(*names: str, **kw: Any) -> Any:
-    return click.option(*names, default=None, show_default=False, **kw)
 
 
 def _hidden(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -38,104 +30,122 @@ def _hidden(ctx: click.Context, param: click.Parameter, value: str | None) -> tu
     return widths
 
 
-# (option declarations, kwargs); the destination is the TrainConfig field of the same name
-_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (("--store",), dict(type=click.Path(file_okay=False), help="Store path: filled online, read offline.")),
-    (("--offline/--online",), dict(help="Train from the store only (read-only), no env interaction but evaluation.")),
-    (("--archive",), dict(type=str, help="Offline: a zarr archive (path or fsspec URL) instead of --store; s3:// "
-                                         "reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3.")),
-    (("--algo",), dict(type=click.Choice(["dqn", "bc", "cql", "td3bc", "iql"]),
-                       help="dqn (double DQN); bc, cql offline (discrete actions); td3bc, iql, bc offline (Box "
-                            "actions, CORL's settings). [dqn]")),
-    (("--steps",), dict(type=_POS, help="Env steps online / learner updates offline. [100000]")),
-    (("--seed",), dict(type=_INT, help="Seed of envs, networks, exploration and sampling. [1]")),
-    (("--run-dir",), dict(type=click.Path(file_okay=False), help="Metrics, checkpoints, policies. [runs/ENV__ALGO__sSEED; offline: "
-                                                                 "runs/EVAL_ENV__ALGO-offline__sSEED, or the "
-                                                                 "store's (archive's) name without --eval-env]")),
-    (("--resume",), dict(is_flag=True, default=None, help="Continue the run in --run-dir from its checkpoint "
-                                                           "(rows a killed run stored after it stay in the store, "
-                                                           "and are sampled; its steps count from the checkpoint).")),
-    (("--shared-store",), dict(is_flag=True, default=None, help="Train online from a store another online run is "
-                                                                 "training from (refused otherwise).")),
-    (("--num-envs",), dict(type=_POS, help="Envs of the synchronous loop's vector env. [1]")),
-    (("--atari",), dict(is_flag=True, default=None, help="Atari preprocessing, Nature CNN, Nature-DQN preset.")),
-    (("--minatar/--no-minatar",), dict(help="MinAtar network and the MinAtar paper's DQN preset. "
-                                                          "[on for MinAtar/ ids]")),
-    (("--max-episode-steps",), dict(type=_NAT, help="Time limit of episodes. [the env's]")),
-    (("--frame-stack",), dict(type=_POS, help="Frames per observation, stacked by the sampler. [1; atari 4]")),
-    (("--actors",), dict(type=_NAT, help="Actor processes writing the store; 0: synchronous loop. [0]")),
-    (("--envs-per-actor",), dict(type=_POS, help="Envs per actor process. [1]")),
-    (("--ray",), dict(type=str, is_flag=False, flag_value="local", metavar="[ADDRESS]",
-                      help="Actors as Ray actors: on the cluster at ADDRESS ('auto', 'ray://head:10001'), or on a "
-                           "local Ray instance without one (after ENV_ID).")),
-    (("--ray-archive",), dict(type=str, metavar="URL",
-                              help="With --ray: where actors export segments, a path or URL every node reaches. "
-                                   "[STORE.archive]")),
-    (("--capacity",), dict(type=_POS, help="Rows the store keeps, if the run creates it. [1000000]")),
-    (("--segment-records",), dict(type=_POS, help="Rows per segment file, if the run creates the store.")),
-    (("--learning-rate", "--lr"), dict(type=_FLOAT, help="Learning rate. [2.3e-3; atari 1e-4; minatar 2.5e-4]")),
-    (("--optimizer",), dict(type=click.Choice(["adam", "rmsprop"]), help="adam, or centered RMSprop. [adam; minatar "
-                                                                            "rmsprop]")),
-    (("--batch-size",), dict(type=_POS, help="Transitions per update. [64; atari 32]")),
-    (("--gamma",), dict(type=_FLOAT, help="Discount. [0.99]")),
-    (("--n-step",), dict(type=_POS, help="n-step returns (computed by the sampler). [1]")),
-    (("--train-freq",), dict(type=_POS, help="Env steps between training rounds (at least num_envs: one round per vector step at most). [256; atari 4; minatar 1]")),
-    (("--gradient-steps",), dict(type=_POS, help="Updates per training round. [128; atari 1]")),
-    (("--learning-starts",), dict(type=_NAT, help="Env steps before the first update. [1000; atari 80000]")),
-    (("--target-update-interval",), dict(type=_POS, help="Updates between target updates. [128; offline 1000; atari 1000]")),
-    (("--tau",), dict(type=_FLOAT, help="Target update: 1 copies, <1 Polyak-averages. [1.0]")),
-    (("--double/--no-double",), dict(help="Double DQN targets. [double]")),
-    (("--dueling/--no-dueling",), dict(help="Dueling head. [no]")),
-    (("--hidden",), dict(type=str, callback=_hidden, help="MLP layer widths. [256,256]")),
-    (("--loss",), dict(type=click.Choice(["huber", "mse"]), help="TD loss. [huber]")),
-    (("--max-grad-norm",), dict(type=_FLOAT, help="Gradient clipping by global norm, 0 off. [10]")),
-    (("--start-e",), dict(type=_FLOAT, help="Epsilon at the start. [1.0]")),
-    (("--end-e",), dict(type=_FLOAT, help="Epsilon after the decay. [0.04; atari 0.01]")),
-    (("--exploration-fraction",), dict(type=_FLOAT, help="Fraction of --steps for the epsilon decay. [0.16]")),
-    (("--prioritized/--uniform",), dict(help="Prioritized replay. [uniform]")),
-    (("--per-alpha",), dict(type=_FLOAT, help="Priority exponent. [0.6]")),
-    (("--per-beta",), dict(type=_FLOAT, help="Importance-weight exponent at the start. [0.4]")),
-    (("--per-beta-final",), dict(type=_FLOAT, help="Importance-weight exponent at the end. [1.0]")),
-    (("--cql-alpha",), dict(type=_FLOAT, help="Weight of the CQL regulariser. [1.0]")),
-    (("--policy-noise",), dict(type=_FLOAT, help="TD3+BC: target policy smoothing noise (unit actions). [0.2]")),
-    (("--noise-clip",), dict(type=_FLOAT, help="TD3+BC: clip of the smoothing noise. [0.5]")),
-    (("--policy-freq",), dict(type=_POS, help="TD3+BC: critic updates per actor update. [2]")),
-    (("--td3bc-alpha",), dict(type=_FLOAT, help="TD3+BC: weight alpha of Q in the actor loss. [2.5]")),
-    (("--iql-expectile",), dict(type=_FLOAT, help="IQL: expectile of the value regression. [0.7]")),
-    (("--iql-beta",), dict(type=_FLOAT, help="IQL: inverse temperature of the advantage weights. [3.0]")),
-    (("--iql-deterministic/--iql-gaussian",), dict(help="IQL: deterministic or Gaussian actor. [gaussian]")),
-    (("--normalize-obs/--no-normalize-obs",), dict(help="Continuous: normalize observations with the dataset's "
-                                                        "mean and std (mmreplay.field_stats). [yes]")),
-    (("--samples-per-insert",), dict(type=_FLOAT, help="Actors: sampled per inserted transition. [batch*gradient_steps/train_freq]")),
-    (("--publish-every",), dict(type=_POS, help="Actors: updates between weight publications. [64]")),
-    (("--eval-env",), dict(type=str, help="Env id for evaluation. [ENV_ID or the store's env_id]")),
-    (("--eval-every",), dict(type=_NAT, help="Steps between evaluations, 0: at the end only. [10000]")),
-    (("--eval-episodes",), dict(type=_NAT, help="Greedy episodes per evaluation, 0: none. [20]")),
-    (("--target-return",), dict(type=_FLOAT, help="Stop once an evaluation reaches this mean return.")),
-    (("--log-every",), dict(type=_NAT, help="Steps between metric rows. [1000]")),
-    (("--checkpoint-every",), dict(type=_NAT, help="Steps between checkpoints, 0: at the end only. [10000]")),
-    (("--progress/--no-progress",), dict(help="Progress bar on stderr. [when stderr is a terminal]")),
-    (("--tensorboard/--no-tensorboard",), dict(help="Also log to TensorBoard if installed. [yes]")),
-    (("--device",), dict(type=str, help="auto, cpu, cuda, cuda:1... [auto]")),
-    (("--amp",), dict(is_flag=True, default=None, help="bf16 autocast on CUDA.")),
-    (("--compile",), dict(is_flag=True, default=None, help="torch.compile the Q network.")),
-    (("--cuda-graphs",), dict(is_flag=True, default=None, help="Opt-in (not yet measured on a GPU): replay each update "
-                                                               "as a captured CUDA graph; eager, with one warning, "
-                                                               "where it cannot.")),
-    (("--profile",), dict(is_flag=True, default=None, help="torch profiler trace of a few updates.")),
-    (("--threads",), dict(type=_POS, help="torch intra-op threads. [1 for MLPs on CPU]")),
-    (("--flush-denormal/--no-flush-denormal",), dict(help="On the CPU, flush denormal floats to zero (faster; "
-                                                          "torch.set_flush_denormal). [yes]")),
-    (("--loader/--no-loader",), dict(help="Offline/actors: batches from a BatchLoader thread. [on CUDA only]")),
-    (("--sampler-mode",), dict(type=click.Choice(["exact", "windowed"]),
-                               help="Uniform over every row, or over a resident set of segments in RAM (stores "
-                                    "larger than RAM). [exact]")),
-    (("--cache-bytes",), dict(type=_POS, help="windowed: bytes of the resident set. [the sampler's default]")),
-    (("--prefetch",), dict(type=_NAT, help="Batches the loader prepares ahead. [2]")),
-]
+class _Algo(click.ParamType):
+    """A registered algorithm's name, checked when the command runs (an algorithm registered after
+    the CLI loaded is accepted too)."""
+
+    name = "algo"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        from mmreplay.train import algorithm_names
+
+        return "[" + "|".join(algorithm_names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from mmreplay.train import algorithm_names
+
+        if value not in algorithm_names():
+            self.fail(f"{value!r} is not one of {', '.join(algorithm_names())}", param, ctx)
+        return str(value)
 
 
+# How a setting is spelled on the command line where the rule (``--setting-name``; a bool as
+# ``--x/--no-x``) does not say it, and types the annotation does not give. Defaults and help are
+# never written here: they come from the configs (``mmreplay.train``: field docstrings, presets).
+_DECLS: dict[str, tuple[str, ...]] = {
+    "offline": ("--offline/--online",), "prioritized": ("--prioritized/--uniform",),
+    "iql_deterministic": ("--iql-deterministic/--iql-gaussian",), "learning_rate": ("--learning-rate", "--lr"),
+}
+_FLAGS = {"resume", "shared_store", "atari", "amp", "compile", "cuda_graphs", "profile"}  # on when given
+_EXTRA: dict[str, dict[str, Any]] = {
+    "store": dict(type=click.Path(file_okay=False)), "run_dir": dict(type=click.Path(file_okay=False)),
+    "algo": dict(type=_Algo()), "hidden": dict(type=str, callback=_hidden, metavar="W1,W2"),
+    "ray": dict(type=str, is_flag=False, flag_value="local", metavar="[ADDRESS]"),
+    "ray_archive": dict(type=str, metavar="URL"), "cache_bytes": dict(type=click.IntRange(min=1)),
+}
+_HELP_MORE = {  # what an option's docstring cannot say: the CLI's own spelling
+    "archive": " s3:// reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3.",
+    "ray": " (after ENV_ID)",
+}
 _SWITCHES = {"algo", "offline", "atari", "minatar"}  # the options that pick a preset: their help says how
+_SKIP = {"env_id"}  # the ENV_ID argument
+
+
+def _settings() -> list[tuple[str, Any, str]]:
+    """``(name, annotation, docstring)`` of every setting: TrainConfig's and its groups' fields, then
+    each registered algorithm's (a name shared by several algorithms once)."""
+    import dataclasses
+    import typing
+
+    from mmreplay.train import algorithm_names, get_algorithm
+    from mmreplay.train import SETTING_GROUPS as GROUPS
+    from mmreplay.train import TrainConfig, field_help
+
+    out: list[tuple[str, Any, str]] = []
+    seen = set(GROUPS) | _SKIP
+    algos = {n: get_algorithm(n).config for n in algorithm_names()}
+    for cls in [TrainConfig, *GROUPS.values(), *algos.values()]:
+        hints, docs = typing.get_type_hints(cls), field_help(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in seen:
+                seen.add(f.name)
+                doc = docs.get(f.name, "")
+                owners = [n for n, c in algos.items() if f.name in c.field_names()]
+                if owners and len(owners) < len(algos):  # an algorithm's own setting: whose
+                    doc = f"{', '.join(owners)}: {doc}"
+                out.append((f.name, str if f.name == "algo" else hints[f.name], doc))
+    return out
+
+
+def _click_type(annotation: Any) -> Any:
+    """The click type of a setting's annotation (``X | None`` as ``X``; a Literal as a Choice)."""
+    import types
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return click.Choice([str(a) for a in typing.get_args(annotation)])
+    return {int: click.INT, float: click.FLOAT, str: click.STRING, bool: bool}.get(annotation, click.STRING)
+
+
+def _help_text(doc: str) -> str:
+    """The help of a setting: its docstring, reST markup dropped; past ~200 characters its first
+    sentence only (a period outside parentheses)."""
+    text = " ".join(doc.replace("``", "").split())
+    if len(text) <= 200:
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "." and depth == 0 and text[i + 1: i + 2] in (" ", ""):
+            return text[: i + 1]
+    return text
+
+
+def _option(name: str, annotation: Any, doc: str) -> Any:
+    """The click option of setting ``name``: flag names by the rule (or ``_DECLS``), type from the
+    annotation (or ``_EXTRA``), help from its docstring, the default the presets give."""
+    flag = "--" + name.replace("_", "-")
+    kind = _click_type(annotation)
+    kw: dict[str, Any] = dict(default=None, show_default=False)
+    if name in _FLAGS:
+        decls, kw = _DECLS.get(name, (flag,)), {**kw, "is_flag": True}
+    elif kind is bool:
+        decls = _DECLS.get(name, (f"{flag}/--no-{flag[2:]}",))
+    else:
+        decls, kw = _DECLS.get(name, (flag,)), {**kw, "type": kind}
+    kw.update(_EXTRA.get(name, {}))
+    text = _help_text(doc) + _HELP_MORE.get(name, "")
+    if name == "algo":  # the registry's own words for each algorithm
+        from mmreplay.train import algorithm_names, get_algorithm
+        from mmreplay.train import DEFAULT_ALGO
+
+        text = "; ".join(f"{n}: {get_algorithm(n).summary}" for n in algorithm_names()) + f". [{DEFAULT_ALGO}]"
+    shown = None if name in _SWITCHES or kw.get("is_flag") else preset_defaults(name)
+    kw["help"] = f"{text} {shown}" if shown else text
+    return click.option(*decls, **kw)
 
 
 def _shown(v: Any) -> str:
@@ -150,53 +160,48 @@ def _shown(v: Any) -> str:
     return str(v)
 
 
-def preset_defaults(field: str) -> str | None:
-    """The bracketed default of TrainConfig field ``field`` as the presets set it, from the presets
-    themselves (``mmreplay.train``: ``TrainConfig``, ``atari_config``, ``minatar_config``,
-    ``continuous_config``): ``[100,000; atari 10,000,000; ...]``, a family named only where it
-    differs; None when no preset sets a value (the option's help says what applies then)."""
-    from mmreplay.train import TrainConfig, atari_config, continuous_config, minatar_config
+@functools.cache
+def _presets() -> dict[str, dict[str, Any]]:
+    """Family -> the settings ``config_for`` gives it: the default algorithm's, then every other
+    algorithm's own (each registered algorithm that learns the family's action kind)."""
+    from mmreplay.train import algorithm_names, config_for, get_algorithm
+    from mmreplay.train import FAMILIES
 
-    base = getattr(TrainConfig(), field, None)
-    if base is None or base == "":  # computed when the run starts (or unset): the help says how, in words
+    out: dict[str, dict[str, Any]] = {}
+    for fam in FAMILIES:
+        kind = "box" if fam == "box" else "discrete"
+        values: dict[str, Any] = {}
+        for algo in algorithm_names():
+            if kind in get_algorithm(algo).kinds:
+                values = {**config_for(family=fam, algo=algo).flat(), **values}
+        out[fam] = values
+    return out
+
+
+def preset_defaults(field: str) -> str | None:
+    """The bracketed default of setting ``field`` as the presets set it, from the presets themselves
+    (``mmreplay.train.config_for`` per env family): ``[100,000; atari 10,000,000; ...]``, a family
+    named only where it differs; None when no preset sets a value (computed when the run starts, or
+    unset: the option's help says what applies then)."""
+    values = {fam: flat[field] for fam, flat in _presets().items() if field in flat}
+    if not values:
         return None
-    fams = [(name, getattr(make(), field, None)) for name, make in
-            (("atari", atari_config), ("minatar", minatar_config), ("continuous", continuous_config))]
-    parts = [_shown(base)] + [f"{name} {_shown(v)}" for name, v in fams if v != base]
+    base = next(iter(values.values()))
+    if base is None or base == "":
+        return None
+    parts = [_shown(base)] + [f"{fam} {_shown(v)}" for fam, v in values.items() if v != base]
     return f"[{'; '.join(parts)}]"
 
 
-def _with_preset(decls: tuple[str, ...], kw: dict[str, Any]) -> dict[str, Any]:
-    """``kw`` with its help's bracketed default written from the presets (never typed twice)."""
-    field = decls[0].split("/")[0].lstrip("-").replace("-", "_")
-    if "help" not in kw or kw.get("is_flag") or field in _SWITCHES:
-        return kw
-    shown = preset_defaults(field)
-    if shown is None:
-        return kw
-    text = kw["help"]
-    if text.endswith("]") and " [" in text:
-        text = text[: text.rindex(" [")]
-    return {**kw, "help": f"{text} {shown}"}
-
-
 def _train_options(fn: Any) -> Any:
-    for decls, kw in reversed(_OPTIONS):
-        kw = _with_preset(decls, kw)
-        if kw.get("is_flag"):
-            fn = click.option(*decls, **kw)(fn)
-        else:
-            fn = _opt(*decls, **kw)(fn)
+    for name, annotation, doc in reversed(_settings()):
+        fn = _option(name, annotation, doc)(fn)
     return fn
 
 
 def option_fields() -> set[str]:
-    """The TrainConfig fields the options set (for the test that checks they mirror the config)."""
-    out = set()
-    for decls, _ in _OPTIONS:
-        name = decls[0].split("/")[0].lstrip("-").replace("-", "_")
-        out.add(name)
-    return out | {"env_id"}
+    """The settings the options set (for the test that checks they mirror the configs)."""
+    return {name for name, _, _ in _settings()} | {"env_id"}
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -205,17 +210,17 @@ def option_fields() -> set[str]:
 @click.option("-q", "--quiet", is_flag=True, help="Print only the summary.")
 @friendly
 def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
-    """Train DQN online (the store is the replay memory), or offline from a store: BC / DQN / CQL for
-    discrete actions, TD3+BC / IQL / BC for Box actions (continuous control).
+    """Train online in an env (DQN; the store is the replay memory), or offline from a store or
+    archive with any algorithm that fits its actions (--algo below: discrete or Box).
 
     Metrics go to RUN_DIR/metrics.csv (and TensorBoard), checkpoints to RUN_DIR/checkpoint.pt
     (atomic; --resume continues a killed run with the same store), the final network to
-    RUN_DIR/policy.pt. Defaults are the RL-zoo DQN settings for CartPole; --atari switches to
-    Nature-DQN ones, --minatar (on for MinAtar/ ids) to the MinAtar paper's DQN; --algo td3bc, iql
-    (and bc on a Box-action store) to CORL's settings (batch 256, lr 3e-4, tau 0.005, 1M updates,
-    10 episodes every 5000 updates, observations normalized with the dataset's statistics); their
-    actions are mapped between the store's recorded scale and the eval env's bounds. Bracketed
-    values in the option list are the defaults, as each preset sets them (written from the presets).
+    RUN_DIR/policy.pt. Defaults are presets per env family: classic control (RL-zoo's CartPole
+    DQN), offline (discrete actions), box (Box actions from a store: CORL's settings; actions
+    mapped between the store's recorded scale and the eval env's bounds), atari (--atari: Nature
+    DQN) and minatar (--minatar, on for MinAtar/ ids: the MinAtar paper's DQN). Bracketed values
+    in the option list are those defaults, written from the presets; an option names the
+    algorithms it belongs to when not all have it.
 
     \b
     Examples:
@@ -239,7 +244,7 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
         _check_options(cfg)
         from mmreplay.agent import check_env_id
 
-        for env in {cfg.env_id, cfg.eval_env} - {None}:
+        for env in {cfg.env_id, cfg.report.eval_env} - {None}:
             check_env_id(env)  # a typo fails here, before torch loads or anything is made
         from mmreplay.train import train
 
@@ -252,28 +257,37 @@ def train_cmd(env_id: str | None, quiet: bool, **opts: Any) -> None:
 
 
 def _flags() -> dict[str, str]:
-    """TrainConfig field -> the option that sets it (``learning_rate`` -> ``--learning-rate``)."""
-    return {decls[0].split("/")[0].lstrip("-").replace("-", "_"): decls[0].split("/")[0] for decls, _ in _OPTIONS}
+    """Setting -> the option that sets it (``learning_rate`` -> ``--learning-rate``)."""
+    return {name: _DECLS.get(name, ("--" + name.replace("_", "-"),))[0].split("/")[0] for name, _, _ in _settings()}
+
+
+def _as_usage_error(exc: ValueError) -> click.UsageError | None:
+    """A config error naming a setting (``learning_rate`` must be > 0) as a usage error in the
+    option's name (exit 2), as click's own for a bad type or range; None when it names none."""
+    import re
+
+    m = re.match(r"`(\w+)`", str(exc))
+    flag = _flags().get(m.group(1)) if m else None
+    if m is None or flag is None:
+        return None
+    rest = str(exc)[m.end():]  # "must be > 0, got -1.0", or "=1.0 copies ..." (which keeps the flag)
+    if rest.startswith((" is required", " is not a setting")):
+        return click.UsageError(f"{flag}{rest}")
+    return click.BadParameter(f"{flag}{rest}" if rest.startswith("=") else rest.strip(), param_hint=flag)
 
 
 def _check_options(cfg: Any) -> None:
-    """The config's checks (``validate_config``) as usage errors in the option's name (exit 2), as
-    click's own for a bad type or range: ``--lr -1`` says ``--learning-rate``, not ``learning_rate``."""
-    import re
-
+    """The config's checks (``validate_config``) as usage errors in the option's name (exit 2):
+    ``--lr -1`` says ``--learning-rate``, not ``learning_rate``."""
     from mmreplay.train import validate_config
 
     try:
         validate_config(cfg)
     except ValueError as exc:
-        m = re.match(r"`(\w+)`", str(exc))
-        flag = _flags().get(m.group(1)) if m else None
-        if flag is None:
+        usage = _as_usage_error(exc)
+        if usage is None:
             raise
-        rest = str(exc)[m.end():]  # "must be > 0, got -1.0", or "=1.0 copies ..." (which keeps the flag)
-        if rest.startswith(" is required"):
-            raise click.UsageError(f"{flag}{rest}") from None
-        raise click.BadParameter(f"{flag}{rest}" if rest.startswith("=") else rest.strip(), param_hint=flag) from None
+        raise usage from None
 
 
 def train_config(env_id: str | None, opts: dict[str, Any]) -> Any:
@@ -286,7 +300,10 @@ def train_config(env_id: str | None, opts: dict[str, Any]) -> Any:
     except ValueError as exc:
         if "exclusive" in str(exc):
             raise click.UsageError("--store and --archive are exclusive: train from one of them") from None
-        raise
+        usage = _as_usage_error(exc)
+        if usage is None:
+            raise
+        raise usage from None
 
 
 def _store_episodes(path: str) -> None:

@@ -206,7 +206,7 @@ def action_scale_metadata(action_space: Any) -> dict[str, Any]:
     """What a new store records about Box actions (empty for other spaces): ``action_scale`` =
     ``"env"`` (actions as the env takes them, which is what collect stores) and, when the bounds are
     finite, ``action_space`` = ``{"low": [...], "high": [...]}`` (floats, flattened). The offline
-    trainer maps the actions to ``[-1, 1]`` with these (``mmreplay.train.continuous``)."""
+    trainer maps the actions to ``[-1, 1]`` with these (``mmreplay.train.box_learner``)."""
     low, high = getattr(action_space, "low", None), getattr(action_space, "high", None)
     if low is None or high is None or getattr(action_space, "n", None) is not None:
         return {}

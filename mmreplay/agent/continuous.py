@@ -1,5 +1,5 @@
 """Networks for continuous (Box) actions: the actor a policy file holds, the twin critics and the
-value network of the offline learners (``mmreplay.train.continuous``), and :class:`ContinuousPolicy`,
+value network of the offline learners (``mmreplay.train.box_learner``), and :class:`ContinuousPolicy`,
 a loaded actor acting on numpy batches.
 
 Conventions (the invariants every user of these networks relies on):

@@ -1,9 +1,10 @@
 """train: the DQN / offline-RL trainer — config, algorithms, learners, loops, run directory,
 checkpoints, metrics.
 
-Modules: ``config`` (TrainConfig and its groups, the presets per env family with ``config_for``,
-validation, run-dir naming, ``box_actions``: whether an offline store or archive holds Box actions;
-no torch, so the CLI checks a config before torch loads), ``algos`` (one module per algorithm: its
+Modules: ``settings`` (TrainConfig and its groups, LearnerSetup: plain dataclasses), ``config``
+(the presets per env family with ``config_for``, the flat and nested layouts, validation, run-dir
+naming, ``box_actions``: whether an offline store or archive holds Box actions; no torch, so the CLI
+checks a config before torch loads), ``algos`` (one module per algorithm: its
 config, presets, loss or step, action kinds; and the registry), ``q_learner`` (QLearner: the Q
 network, its target and one step of a discrete algorithm's loss), ``box_learner`` (BoxLearner: the
 actor, the networks a Box algorithm adds, observation and action scaling, one step of its update),
@@ -15,9 +16,10 @@ opening or creating it, its provenance record, the eval env's fit), ``checkpoint
 (GraphedUpdate: a learner's update captured as a CUDA graph and replayed, ``--cuda-graphs``),
 ``stats`` (UpdateStats: the learners' loss and Q accumulators, read without a sync per update).
 
-Floors, lowest first (no import circle, type-only imports counted): algos < config < checkpoint,
-runlog, batches, stores, q_learner, box_learner < run < loops; graphs (no import of this room) <
-stats < q_learner, box_learner.
+Floors, lowest first (no import circle, type-only imports counted): algos.base < settings <
+q_learner, box_learner < the algorithms' modules < algos (the registry) < config < checkpoint,
+runlog, batches, stores < run < loops; graphs (no import of this room) < stats < q_learner,
+box_learner.
 
 The config names load eagerly; the torch-backed ones (``train``, ``QLearner``, ...) on first use.
 """
@@ -27,22 +29,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .algos import FAMILIES
 from .algos import get as get_algorithm
 from .algos import names as algorithm_names
 from .algos import register as register_algorithm
 from .config import (
+    DEFAULT_ALGO,
+    GROUPS as SETTING_GROUPS,
     TrainConfig,
     atari_config,
     box_actions,
     config_for,
     continuous_config,
     default_run_dir,
+    field_help,
     from_dict,
     from_flat,
     linear_schedule,
     minatar_config,
     resume_config,
     validate_config,
+    with_settings,
 )
 
 _LAZY = {"BoxLearner": "box_learner", "QLearner": "q_learner", "train": "loops", "train_online": "loops",
@@ -51,11 +58,12 @@ _LAZY = {"BoxLearner": "box_learner", "QLearner": "q_learner", "train": "loops",
          "replay_segment_records": "stores", "read_metrics": "runlog", "plot_run": "runlog",
          "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint"}
 __all__ = [  # noqa: PLE0604
-    "Batches", "BoxLearner", "QLearner", "Run", "TrainConfig", "TrainResult", "algorithm_names", "atari_config",
+    "DEFAULT_ALGO", "FAMILIES", "SETTING_GROUPS", "Batches", "BoxLearner", "QLearner", "Run", "TrainConfig",
+    "TrainResult", "algorithm_names", "atari_config", "field_help",
     "box_actions", "config_for", "continuous_config", "default_run_dir", "from_dict", "from_flat",
     "get_algorithm", "linear_schedule", "load_checkpoint", "minatar_config", "pick_device", "plot_run",
     "read_metrics", "register_algorithm", "replay_segment_records", "resume_config", "save_checkpoint",
-    "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config",
+    "to_tensors", "train", "train_actors", "train_offline", "train_online", "validate_config", "with_settings",
 ]
 
 

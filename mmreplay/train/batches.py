@@ -18,7 +18,7 @@ import torch
 if TYPE_CHECKING:
     from ..sampling.uniform import TransitionSampler
     from ..storage import TransitionBatch
-    from .config import TrainConfig
+    from .settings import TrainConfig
 
 
 def pick_device(name: str) -> torch.device:

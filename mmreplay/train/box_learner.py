@@ -38,8 +38,7 @@ from .stats import UpdateStats
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
-    from .algos.base import LearnerSetup
-    from .config import TrainConfig
+    from .settings import LearnerSetup, TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..agent.evaluation import greedy_actions
 from ..agent.policy import FrameStack, epsilon_greedy, save_policy
-from .algos import LearnerSetup, check_fits, get
+from .algos import check_fits, get
 from .batches import Batches, to_tensors
 from .run import Run, TrainResult, next_multiple, save_result
 from .stores import (
@@ -54,7 +54,8 @@ from .stores import (
 )
 from .checkpoint import restore_torch_rng
 
-from .config import TrainConfig, _run_dir, linear_schedule
+from .config import _run_dir, linear_schedule
+from .settings import LearnerSetup, TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,7 @@ from ..agent.policy import QNetwork, network_spec
 from .stats import UpdateStats
 
 if TYPE_CHECKING:
-    from .algos.base import LearnerSetup
-    from .config import TrainConfig
+    from .settings import LearnerSetup, TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from .runlog import RunLog
 if TYPE_CHECKING:
     from ..sampling.uniform import TransitionSampler
     from ..storage import ReplayStore, Writer
-    from .config import TrainConfig
+    from .settings import TrainConfig
 
 log = logging.getLogger(__name__)
 

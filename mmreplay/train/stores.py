@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..storage import ReplayStore
-    from .config import TrainConfig
+    from .settings import TrainConfig
 
 
 def open_store_for_env(cfg: TrainConfig, envs: Any) -> ReplayStore:

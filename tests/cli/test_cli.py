@@ -73,7 +73,7 @@ def test_collect_and_train_read_their_options_in_one_spec_builder(tmp_path):
     opts = dict(ctx.params)
     opts.pop("quiet")
     cfg = train_config(opts.pop("env_id"), opts)
-    assert cfg.atari and cfg.batch_size == 32 and cfg.steps == 100 and cfg.env_spec().atari
+    assert cfg.atari and cfg.algo.batch_size == 32 and cfg.steps == 100 and cfg.env_spec().atari
 
 
 @pytest.mark.parametrize("argv, lib", [
@@ -102,18 +102,21 @@ def test_the_cli_and_the_library_make_the_same_run_of_the_same_inputs(tmp_path, 
 
 def test_train_help_says_the_default_each_preset_applies_written_from_the_presets():
     """No default is typed twice: the bracketed defaults in ``mmreplay train --help`` come from the
-    presets (``TrainConfig``, ``atari_config``, ``minatar_config``, ``continuous_config``)."""
+    presets (``mmreplay.train.config_for`` per env family)."""
     from mmreplay.cli.train import preset_defaults
-    from mmreplay.train import TrainConfig, atari_config, continuous_config, minatar_config
+    from mmreplay.train import config_for
 
     out = " ".join(CliRunner().invoke(main, ["train", "--help"], terminal_width=1000).output.split())
+    fams = [dict(family="classic"), dict(family="atari"), dict(family="minatar"), dict(family="box", algo="td3bc")]
     for field, flag in (("steps", "--steps"), ("eval_every", "--eval-every"), ("learning_starts", "--learning-starts"),
                         ("batch_size", "--batch-size"), ("capacity", "--capacity")):
         shown = preset_defaults(field)
-        assert shown is not None and shown in out, (flag, shown)
-        values = {getattr(make(), field) for make in (TrainConfig, atari_config, minatar_config, continuous_config)}
+        assert shown is not None and shown in f"{out}", (flag, shown)
+        assert f"{flag} INTEGER" in out
+        values = {config_for(**kw).flat().get(field) for kw in fams} - {None}
         assert len(values) > 1 and all(f"{v:,}" in shown for v in values), (shown, values)
-    assert preset_defaults("eval_every") == "[10,000; atari 250,000; minatar 50,000; continuous 5,000]"
+    assert preset_defaults("eval_every") == "[10,000; box 5,000; atari 250,000; minatar 50,000]"
+    assert preset_defaults("target_update_interval") == "[128; offline 1,000; atari 1,000; minatar 1,000]"
 
 
 def test_collect_options_that_cannot_apply_to_an_existing_store_are_said_in_their_terms(tmp_path, monkeypatch):

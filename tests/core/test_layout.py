@@ -345,17 +345,18 @@ def test_no_long_function_or_parameter_list_on_the_upper_floors():
 
 
 def test_the_train_room_has_no_circle_even_counting_type_only_imports():
-    """config < checkpoint, runlog, batches, stores, learner, continuous < run < loops: a type-only
-    import back up is a circle too (the run state, the learner and the batch source each in a module
-    named after it)."""
+    """algos.base < settings < q_learner, box_learner < the algorithms' modules < algos < config <
+    checkpoint, runlog, batches, stores < run < loops: a type-only import back up is a circle too (the
+    run state, the learners and the batch source each in a module named after it)."""
     modules = _modules()
     train = {m: p for m, p in modules.items() if _room(m) == "train" and m != "mmreplay.train"}
     graph = {m: {t for t in _all_imports(p, m, modules) if t in train} for m, p in train.items()}
     assert _circles(graph) == [], "import circles in train/:\n" + "\n".join(" <-> ".join(c) for c in _circles(graph))
-    for name in ("learner", "run", "batches"):
+    for name in ("q_learner", "box_learner", "settings", "run", "batches"):
         assert f"mmreplay.train.{name}" in train, f"train/{name}.py is missing"
     text = {m.rsplit(".", 1)[1]: p.read_text() for m, p in train.items()}
-    assert "class Learner" in text["learner"] and "class Batches" in text["batches"]
+    assert "class QLearner" in text["q_learner"] and "class BoxLearner" in text["box_learner"]
+    assert "class TrainConfig" in text["settings"] and "class Batches" in text["batches"]
     assert "class Run" in text["run"] and "class TrainResult" in text["run"]
 
 

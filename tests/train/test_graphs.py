@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 import mmreplay
 from mmreplay.agent import network_spec
-from mmreplay.train import Learner, TrainConfig, to_tensors
-from mmreplay.train.continuous import ContinuousLearner
+from mmreplay.train import BoxLearner, QLearner, config_for, to_tensors
+from mmreplay.train.settings import HardwareConfig
+from mmreplay.train.algos import cql, dqn, iql
 
 
 def _batches(n, B=64, obs=8, seed=0, device="cpu", weights=False):
@@ -29,11 +30,12 @@ def _batches(n, B=64, obs=8, seed=0, device="cpu", weights=False):
 
 
 def _learner(device, graphs, **kw):
-    cfg = TrainConfig(env_id="x", store="x", offline=True, hidden=(64, 64), learning_rate=1e-3, max_grad_norm=10.0,
+    cfg = config_for(env_id="x", store="x", offline=True, hidden=(64, 64), learning_rate=1e-3, max_grad_norm=10.0,
                       target_update_interval=50, cuda_graphs=graphs, **kw)
     schema = mmreplay.Schema.transition(obs_shape=(8,), obs_dtype=np.float32)
     torch.manual_seed(0)
-    return Learner(cfg, network_spec(schema, 3, hidden=(64, 64), dueling=cfg.dueling), torch.device(device))
+    loss = cql.cql_loss if cfg.algo.name == "cql" else dqn.dqn_loss
+    return QLearner(cfg, network_spec(schema, 3, hidden=(64, 64), dueling=cfg.algo.dueling), torch.device(device), loss)
 
 
 def test_cuda_graphs_on_a_cpu_warn_once_and_train_eagerly(caplog):
@@ -55,7 +57,7 @@ def test_cuda_graphs_on_a_cpu_warn_once_and_train_eagerly(caplog):
 def test_cuda_graphs_option_is_opt_in_and_says_so():
     from mmreplay.cli.main import main
 
-    assert TrainConfig().cuda_graphs is False
+    assert HardwareConfig().cuda_graphs is False
     out = CliRunner().invoke(main, ["train", "--help"]).output
     assert "--cuda-graphs" in out and "Opt-in" in out
 
@@ -63,11 +65,12 @@ def test_cuda_graphs_option_is_opt_in_and_says_so():
 def test_continuous_learner_accepts_the_option_on_a_cpu(caplog):
     schema = mmreplay.Schema.transition(obs_shape=(3,), obs_dtype=np.float32, action_shape=(1,),
                                         action_dtype=np.float32)
-    cfg = mmreplay.train.continuous_config(store="x", algo="iql", hidden=(16,), cuda_graphs=True, steps=10)
+    cfg = mmreplay.train.continuous_config("iql", store="x", hidden=(16,), cuda_graphs=True, steps=10)
     bounds = (np.full(1, -1.0, np.float32), np.ones(1, np.float32))
     with caplog.at_level(logging.WARNING, logger="mmreplay.train.graphs"):
-        learner = ContinuousLearner(cfg, schema, torch.device("cpu"), obs_mean=np.zeros(3, np.float32),
-                                    obs_std=np.ones(3, np.float32), data_bounds=bounds, policy_bounds=bounds)
+        learner = BoxLearner(cfg, schema, torch.device("cpu"), iql.box_algorithm(cfg.algo),
+                             obs_mean=np.zeros(3, np.float32), obs_std=np.ones(3, np.float32), data_bounds=bounds,
+                             policy_bounds=bounds)
     assert len([r for r in caplog.records if r.name == "mmreplay.train.graphs"]) == 1
     rng = np.random.default_rng(0)
     b = mmreplay.TransitionBatch(rng.normal(size=(16, 3)).astype(np.float32), rng.uniform(-1, 1, (16, 1)).astype(np.float32),

@@ -34,7 +34,7 @@ def test_an_old_online_dqn_checkpoint_resumes(tmp_path):
     with mmreplay.open_store(root / "store") as s:
         rows_before = len(s.transition_ids())
     cfg = resume_config(root / "run", steps=500, store=str(root / "store"))
-    assert cfg.algo == "dqn" and cfg.env_id == "CartPole-v1" and cfg.hidden == (32, 32)
+    assert cfg.algo.name == "dqn" and cfg.env_id == "CartPole-v1" and cfg.algo.hidden == (32, 32)
     res = train(cfg)
     assert res.env_steps == 500 and res.updates > old["counters"]["updates"]
     new = load_checkpoint(root / "run" / "checkpoint.pt")
@@ -54,7 +54,7 @@ def test_an_old_offline_td3bc_checkpoint_resumes(tmp_path):
     old = load_checkpoint(root / "run" / "checkpoint.pt")
     assert old["counters"]["updates"] == 100 and old["learner"] is not None
     cfg = resume_config(root / "run", steps=160, store=str(root / "store"))
-    assert cfg.algo == "td3bc" and cfg.offline
+    assert cfg.algo.name == "td3bc" and cfg.offline
     res = train(cfg)
     assert res.updates == 160
     pol = load_policy(root / "run" / "policy.pt")

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +20,22 @@ torch = pytest.importorskip("torch")
 import mmreplay  # noqa: E402
 from mmreplay.agent import FrameStack, QNetwork, load_policy, network_spec, save_policy  # noqa: E402
 from mmreplay.agent.evaluation import greedy_actions  # noqa: E402
-from mmreplay.train import Learner, TrainConfig, to_tensors, train  # noqa: E402
+from mmreplay.train import QLearner, TrainConfig, config_for, to_tensors, train, with_settings  # noqa: E402
+from mmreplay.train.algos import bc, cql, dqn  # noqa: E402
+
+LOSSES = {"dqn": dqn.dqn_loss, "cql": cql.cql_loss, "bc": bc.discrete_loss}
+
+
+def _q_learner(cfg: TrainConfig, spec: dict) -> QLearner:
+    """The Q learner of ``cfg``'s discrete algorithm over a network of ``spec``."""
+    return QLearner(cfg, spec, torch.device("cpu"), LOSSES[cfg.algo.name], target=cfg.algo.name != "bc")
 
 CARTPOLE_FAST = dict(learning_starts=500, train_freq=64, gradient_steps=32, target_update_interval=32,
                      eval_episodes=10, tensorboard=False, segment_records=4096, capacity=100_000)
 
 
 def _cartpole_cfg(tmp_path: Path, name: str, **kw: object) -> TrainConfig:
-    return TrainConfig(env_id="CartPole-v1", store=str(tmp_path / f"{name}-store"), run_dir=str(tmp_path / f"{name}-run"),
+    return config_for(env_id="CartPole-v1", store=str(tmp_path / f"{name}-store"), run_dir=str(tmp_path / f"{name}-run"),
                        **{**CARTPOLE_FAST, **kw})  # type: ignore[arg-type]
 
 
@@ -116,11 +123,12 @@ def _batch(n=32, seed=0):
 
 @pytest.mark.parametrize("algo,prioritized", [("dqn", False), ("dqn", True), ("cql", False), ("bc", False)])
 def test_learner_losses_match_hand_computation(algo, prioritized):
-    cfg = TrainConfig(env_id="x", store="x", algo=algo, offline=True, hidden=(32,), cql_alpha=0.5, learning_rate=1e-3,
-                      prioritized=prioritized)
+    extra = {"cql_alpha": 0.5} if algo == "cql" else {}
+    cfg = config_for(env_id="x", store="x", algo=algo, offline=True, hidden=(32,), learning_rate=1e-3,
+                     prioritized=prioritized, **extra)
     schema = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
     torch.manual_seed(0)
-    learner = Learner(cfg, network_spec(schema, 2, hidden=(32,)), torch.device("cpu"))
+    learner = _q_learner(cfg, network_spec(schema, 2, hidden=(32,)))
     with torch.no_grad():  # make the target differ from the online net
         for p in learner.q.parameters():
             p.add_(0.1)
@@ -156,10 +164,10 @@ def test_learner_stats_average_every_update_since_the_last_read():
     """``read_stats`` averages the loss and Q(s, a) of every update since the last read, however many
     (the learner sums them in blocks of 1,024 updates): with a zero learning rate each update's loss is the
     same, so the mean over 1,100 updates is that loss."""
-    cfg = TrainConfig(env_id="x", store="x", offline=True, hidden=(16,), learning_rate=0.0, loss="mse", double=False)
+    cfg = config_for(env_id="x", store="x", offline=True, hidden=(16,), learning_rate=0.0, loss="mse", double=False)
     schema = mmreplay.Schema.transition(obs_shape=(4,), obs_dtype=np.float32)
     torch.manual_seed(0)
-    learner = Learner(cfg, network_spec(schema, 2, hidden=(16,)), torch.device("cpu"))
+    learner = _q_learner(cfg, network_spec(schema, 2, hidden=(16,)))
     b = to_tensors(_batch(), torch.device("cpu"))
     with torch.no_grad():
         q_sa = learner.q(b.obs).gather(1, b.action.long()[:, None]).squeeze(1)
@@ -174,9 +182,8 @@ def test_learner_stats_average_every_update_since_the_last_read():
 
 
 def test_polyak_target_update():
-    cfg = TrainConfig(env_id="x", store="x", tau=0.25, target_update_interval=1, hidden=(8,))
-    learner = Learner(cfg, network_spec(mmreplay.Schema.transition(obs_shape=(4,)), 2, hidden=(8,)),
-                      torch.device("cpu"))
+    cfg = config_for(env_id="x", store="x", tau=0.25, target_update_interval=1, hidden=(8,))
+    learner = _q_learner(cfg, network_spec(mmreplay.Schema.transition(obs_shape=(4,)), 2, hidden=(8,)))
     before = [p.clone() for p in learner.target.parameters()]
     learner.update(to_tensors(_batch(), torch.device("cpu")))
     for t, b, q in zip(learner.target.parameters(), before, learner.q.parameters()):
@@ -226,7 +233,7 @@ def test_config_is_validated_before_anything_is_made(tmp_path):
     with pytest.raises(ValueError, match="batch_size"):
         train(_cartpole_cfg(tmp_path, "v", batch_size=0))
     with pytest.raises(ValueError, match="offline only"):
-        train(_cartpole_cfg(tmp_path, "v", algo="cql"))
+        train(config_for("CartPole-v1", store=str(tmp_path / "v-store"), run_dir=str(tmp_path / "v-run"), algo="cql"))
     assert not (tmp_path / "v-store").exists() and not (tmp_path / "v-run").exists()
     mmreplay.create_store(tmp_path / "w-store", mmreplay.Schema.transition(obs_shape=(3,))).close()
     with pytest.raises(mmreplay.SchemaError, match="field 'obs'"):  # a store of another env
@@ -241,7 +248,13 @@ def test_cli_options_mirror_the_config_and_do_not_import_torch():
     from mmreplay.cli.main import main
     from mmreplay.cli.train import option_fields
 
-    assert option_fields() == {f.name for f in dataclasses.fields(TrainConfig)}
+    from mmreplay.train import algorithm_names, get_algorithm
+    from mmreplay.train.config import GROUPS
+
+    settings = {f.name for f in dataclasses.fields(TrainConfig)} - set(GROUPS)
+    settings |= {f.name for g in GROUPS.values() for f in dataclasses.fields(g)}
+    settings |= {n for a in algorithm_names() for n in get_algorithm(a).config.field_names()}
+    assert option_fields() == settings
     r = CliRunner().invoke(main, ["train", "--help"])
     assert r.exit_code == 0 and "Examples:" in r.output and "--prioritized / --uniform" in r.output
     r = CliRunner().invoke(main, ["train", "CartPole-v1"])
@@ -324,7 +337,7 @@ def datasets(tmp_path_factory):
 
 
 def _offline(tmp_path, store, algo, steps=1000, **kw):
-    return train(TrainConfig(offline=True, store=str(store), algo=algo, steps=steps, eval_env="CartPole-v1",
+    return train(config_for(offline=True, store=str(store), algo=algo, steps=steps, eval_env="CartPole-v1",
                              eval_every=0, eval_episodes=20, run_dir=str(tmp_path / f"{algo}-{store.name}"),
                              tensorboard=False, checkpoint_every=0, **kw))
 
@@ -358,9 +371,9 @@ def test_actors_fill_the_store_under_the_samples_per_insert_limit(tmp_path):
                         publish_every=16)
     res = train(cfg)
     assert 3000 <= res.env_steps < 3000 + 2 * 300
-    spi = cfg.batch_size * cfg.gradient_steps / cfg.train_freq  # 32 sampled per inserted transition
-    expected = (res.env_steps - cfg.learning_starts) * spi / cfg.batch_size
-    assert abs(res.updates - expected) <= 300 * spi / cfg.batch_size + 50, (res.updates, expected)
+    spi = cfg.algo.batch_size * cfg.algo.gradient_steps / cfg.algo.train_freq  # 32 sampled per inserted transition
+    expected = (res.env_steps - cfg.algo.learning_starts) * spi / cfg.algo.batch_size
+    assert abs(res.updates - expected) <= 300 * spi / cfg.algo.batch_size + 50, (res.updates, expected)
     with mmreplay.open_store(cfg.store) as s:
         assert s.num_rows >= res.env_steps
         info = s.info()
@@ -369,7 +382,7 @@ def test_actors_fill_the_store_under_the_samples_per_insert_limit(tmp_path):
     workers = [w for r in info["provenance"] if isinstance(r.get("workers"), list) for w in r["workers"]]
     assert info["episodes_incomplete"] == 0, info
     assert info["episodes_cut"] == sum(len(w["cut_rows"]) for w in workers), (info["episodes_cut"], workers)
-    assert load_policy(Path(res.run_dir) / "actor_policy.pt").meta["epsilon"] == pytest.approx(cfg.end_e)
+    assert load_policy(Path(res.run_dir) / "actor_policy.pt").meta["epsilon"] == pytest.approx(cfg.algo.end_e)
 
 
 # -- Atari path -----------------------------------------------------------------------------------------
@@ -400,7 +413,7 @@ def test_a_runs_store_keeps_its_replay_memory_within_a_few_percent_of_capacity(t
     with mmreplay.open_store(cfg.store) as s:
         assert s.segment_records == 1024
         assert 4096 <= s.num_rows <= 4096 + 2 * 1024
-    train(replace(cfg, run_dir=str(tmp_path / "cap-run2"), steps=500, learning_starts=500))  # the store reopened as is
+    train(with_settings(cfg, run_dir=str(tmp_path / "cap-run2"), steps=500, learning_starts=500))  # the store reopened as is
     with mmreplay.open_store(cfg.store) as s:
         assert s.segment_records == 1024 and 4096 <= s.num_rows <= 4096 + 2 * 1024
 
@@ -528,10 +541,10 @@ def test_minatar_preset_is_the_papers_dqn_and_the_cli_picks_it_for_minatar_ids(t
     from mmreplay.train.config import validate_config
 
     cfg = minatar_config(env_id="MinAtar/Breakout-v1", store="x", steps=1_000_000)
-    assert (cfg.minatar, cfg.optimizer, cfg.learning_rate, cfg.batch_size, cfg.train_freq, cfg.gradient_steps,
-            cfg.learning_starts, cfg.capacity, cfg.target_update_interval, cfg.double, cfg.loss, cfg.max_grad_norm,
-            cfg.end_e) == (True, "rmsprop", 2.5e-4, 32, 1, 1, 5000, 100_000, 1000, False, "huber", 0.0, 0.1)
-    assert cfg.exploration_fraction * cfg.steps == 100_000  # epsilon reaches 0.1 after 100k steps
+    assert (cfg.minatar, cfg.algo.optimizer, cfg.algo.learning_rate, cfg.algo.batch_size, cfg.algo.train_freq, cfg.algo.gradient_steps,
+            cfg.algo.learning_starts, cfg.capacity, cfg.algo.target_update_interval, cfg.algo.double, cfg.algo.loss, cfg.algo.max_grad_norm,
+            cfg.algo.end_e) == (True, "rmsprop", 2.5e-4, 32, 1, 1, 5000, 100_000, 1000, False, "huber", 0.0, 0.1)
+    assert cfg.algo.exploration_fraction * cfg.steps == 100_000  # epsilon reaches 0.1 after 100k steps
     with pytest.raises(ValueError, match="exclusive"):
         validate_config(minatar_config(env_id="x", store="x", atari=True))
     run = tmp_path / "run"
@@ -541,7 +554,7 @@ def test_minatar_preset_is_the_papers_dqn_and_the_cli_picks_it_for_minatar_ids(t
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     saved = json.loads((run / "config.json").read_text())
-    assert saved["minatar"] is True and saved["optimizer"] == "rmsprop" and saved["capacity"] == 100_000
+    assert saved["minatar"] is True and saved["algo"]["optimizer"] == "rmsprop" and saved["capacity"] == 100_000
     pol = load_policy(run / "policy.pt")
     assert pol.spec["kind"] == "minatar"
     with mmreplay.open_store(tmp_path / "s") as s:
@@ -554,18 +567,18 @@ def test_offline_from_a_zarr_archive(tmp_path, datasets):
 
     path, behaviour = datasets["mediocre"]
     export_archive(path, tmp_path / "mediocre.zarr")
-    res = train(TrainConfig(offline=True, archive=str(tmp_path / "mediocre.zarr"), algo="bc", steps=400,
+    res = train(config_for(offline=True, archive=str(tmp_path / "mediocre.zarr"), algo="bc", steps=400,
                             eval_env="CartPole-v1", eval_every=0, eval_episodes=10, run_dir=str(tmp_path / "arch"),
                             tensorboard=False, checkpoint_every=0))
     assert res.updates == 400 and res.final_return > behaviour, res.evals
 
 
 def test_target_update_interval_defaults_online_offline_and_atari():
-    from mmreplay.train.config import atari_config, target_update_interval_of, validate_config
+    from mmreplay.train.config import atari_config, validate_config
 
-    assert target_update_interval_of(TrainConfig(env_id="x", store="x")) == 128  # RL-zoo CartPole
-    assert target_update_interval_of(TrainConfig(store="x", offline=True, algo="cql")) == 1000
-    assert target_update_interval_of(TrainConfig(store="x", offline=True, target_update_interval=64)) == 64
-    assert target_update_interval_of(atari_config(env_id="x", store="x")) == 1000
+    assert config_for(env_id="x", store="x").algo.target_update_interval == 128  # RL-zoo CartPole
+    assert config_for(store="x", offline=True, algo="cql").algo.target_update_interval == 1000
+    assert config_for(store="x", offline=True, target_update_interval=64).algo.target_update_interval == 64
+    assert atari_config(env_id="x", store="x").algo.target_update_interval == 1000
     with pytest.raises(ValueError, match="target_update_interval"):
-        validate_config(TrainConfig(env_id="x", store="x", target_update_interval=0))
+        validate_config(config_for(env_id="x", store="x", target_update_interval=0))

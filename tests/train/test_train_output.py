@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import mmreplay
-from mmreplay.train import TrainConfig, default_run_dir
+from mmreplay.train import config_for, default_run_dir
 
 
 def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -48,12 +48,14 @@ def test_progress_resume_and_one_eval_per_point(tmp_path, cartpole):
 
 
 def test_default_run_directories_are_named_as_help_says():
-    assert default_run_dir(TrainConfig(env_id="CartPole-v1", seed=3)) == Path("runs/CartPole-v1__dqn__s3")
-    offline = TrainConfig(offline=True, store="/data/cp-mediocre", eval_env="CartPole-v1", algo="cql", seed=1)
+    assert default_run_dir(config_for(env_id="CartPole-v1", seed=3)) == Path("runs/CartPole-v1__dqn__s3")
+    offline = config_for(offline=True, store="/data/cp-mediocre", eval_env="CartPole-v1", algo="cql", seed=1)
     assert default_run_dir(offline) == Path("runs/CartPole-v1__cql-offline__s1")
-    from mmreplay.cli.train import _OPTIONS
+    from click.testing import CliRunner
 
-    (help_text,) = [kw["help"] for decls, kw in _OPTIONS if decls == ("--run-dir",)]
+    from mmreplay.cli.main import main
+
+    help_text = " ".join(CliRunner().invoke(main, ["train", "--help"], terminal_width=1000).output.split())
     assert "runs/ENV__ALGO__sSEED" in help_text and "runs/EVAL_ENV__ALGO-offline__sSEED" in help_text
 
 
@@ -88,7 +90,7 @@ def test_result_json_records_the_data_wait_the_summary_prints(tmp_path):
     from mmreplay.train import train
 
     mmreplay.collect("CartPole-v1", tmp_path / "s", 600, workers=0, seed=0, progress=False)
-    res = train(TrainConfig(store=str(tmp_path / "s"), offline=True, algo="bc", eval_env="CartPole-v1", steps=60,
+    res = train(config_for(store=str(tmp_path / "s"), offline=True, algo="bc", eval_env="CartPole-v1", steps=60,
                             eval_episodes=0, checkpoint_every=0, run_dir=str(tmp_path / "run"), tensorboard=False,
                             progress=False))
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -99,7 +101,7 @@ def test_a_run_that_ends_before_learning_starts_says_so(tmp_path, caplog):
     from mmreplay.train import train
 
     with caplog.at_level("WARNING", logger="mmreplay.train.run"):
-        res = train(TrainConfig(env_id="CartPole-v1", store=str(tmp_path / "s"), steps=200, learning_starts=1000,
+        res = train(config_for(env_id="CartPole-v1", store=str(tmp_path / "s"), steps=200, learning_starts=1000,
                                 eval_episodes=0, checkpoint_every=0, run_dir=str(tmp_path / "run"),
                                 tensorboard=False, progress=False))
     assert res.updates == 0
@@ -115,10 +117,10 @@ def test_without_a_terminal_a_long_run_prints_progress_lines(tmp_path, caplog, m
     cfg = dict(env_id="CartPole-v1", steps=600, learning_starts=100, log_every=200, eval_episodes=0, checkpoint_every=0,
                tensorboard=False)
     with caplog.at_level("INFO", logger="mmreplay.train.run"):
-        train(TrainConfig(store=str(tmp_path / "s"), run_dir=str(tmp_path / "r1"), **cfg))
+        train(config_for(store=str(tmp_path / "s"), run_dir=str(tmp_path / "r1"), **cfg))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert any(line.startswith("step 400/600 (67%):") and "updates" in line for line in lines), lines
     caplog.clear()
     with caplog.at_level("INFO", logger="mmreplay.train.run"):
-        train(TrainConfig(store=str(tmp_path / "s2"), run_dir=str(tmp_path / "r2"), progress=False, **cfg))
+        train(config_for(store=str(tmp_path / "s2"), run_dir=str(tmp_path / "r2"), progress=False, **cfg))
     assert not [r for r in caplog.records if r.getMessage().startswith("step ") and "/600 (" in r.getMessage()]

@@ -1,7 +1,7 @@
 """The algorithms ``mmreplay train`` runs, one module each, and the registry that names them.
 
-Modules: ``base`` (:class:`AlgoConfig`, :class:`BoxConfig`, :class:`Algorithm`, :class:`LearnerSetup`,
-the env :data:`FAMILIES` a preset names), ``dqn`` (DQN and the Q-learning config CQL shares),
+Modules: ``base`` (:class:`AlgoConfig`, :class:`BoxConfig`, :class:`Algorithm`, the env
+:data:`FAMILIES` a preset names), ``dqn`` (DQN and the Q-learning config CQL shares),
 ``cql`` (discrete CQL), ``bc`` (behaviour cloning, discrete and Box), ``td3bc`` (TD3+BC), ``iql``
 (implicit Q-learning). An algorithm's module holds its config dataclass (whose ``PRESETS`` are its
 defaults per env family), its loss or step (``# ALGO LOGIC``), the networks it adds, the action
@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import bc, cql, dqn, iql, td3bc
-from .base import FAMILIES, AlgoConfig, Algorithm, BoxConfig, LearnerSetup
+from .base import FAMILIES, AlgoConfig, Algorithm, BoxConfig
 
-__all__ = ["FAMILIES", "AlgoConfig", "Algorithm", "BoxConfig", "LearnerSetup", "action_kind", "check_fits", "get",
+__all__ = ["FAMILIES", "AlgoConfig", "Algorithm", "BoxConfig", "action_kind", "check_fits", "get",
            "names", "register"]
 
 _REGISTRY: dict[str, Algorithm] = {}
@@ -68,10 +68,11 @@ def check_fits(name: str, schema: Any, where: str) -> str:
     if kind not in algorithm.kinds:
         f = schema["action"] if "action" in schema else None
         have = "none" if f is None else f"{f.dtype} {tuple(f.shape)}"
-        what = "continuous (Box)" if kind == "box" else "discrete"
+        words = {"box": "continuous (Box)", "discrete": "discrete"}
         fit = [n for n in names() if kind in _REGISTRY[n].kinds]
-        raise ValueError(f"--algo {name} needs {' or '.join(algorithm.kinds)} actions, but the `action` field of "
-                         f"{where} is {have} ({what}): use --algo {', '.join(fit) or '(none registered)'}")
+        raise ValueError(f"--algo {name} needs {' or '.join(words[k] for k in algorithm.kinds)} actions, but the "
+                         f"`action` field of {where} is {have} ({words[kind]}): use --algo "
+                         f"{', '.join(fit) or '(none registered)'}")
     return kind
 
 

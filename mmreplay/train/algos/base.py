@@ -1,6 +1,6 @@
 """What every algorithm is made of: its config (:class:`AlgoConfig`, whose per-family defaults are
-its presets), its entry in the registry (:class:`Algorithm`) and what a learner is built from
-(:class:`LearnerSetup`).
+its presets; :class:`BoxConfig` for the Box-action ones) and its entry in the registry
+(:class:`Algorithm`, whose learner factories take a ``mmreplay.train.settings.LearnerSetup``).
 
 Invariants: no torch here (the CLI builds and checks a config before torch loads); a config's
 field names are unique across :class:`mmreplay.train.TrainConfig` and every registered config
@@ -11,13 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    import torch
-
-    from ...storage import ReplayStore
-    from ..config import TrainConfig
 
 FAMILIES = ("classic", "offline", "box", "atari", "minatar")
 """Env families a preset can name: ``classic`` (vector observations, online), ``offline`` (discrete
@@ -30,7 +25,8 @@ class AlgoConfig:
     """The settings every algorithm has; an algorithm's config subclasses it and adds its own.
 
     ``PRESETS`` maps a family (:data:`FAMILIES`) to the defaults that family changes: a value, or a
-    function of the run's settings so far (a dict of the run's fields, e.g. ``steps``)."""
+    function of the run's settings so far (a dict of the run's fields, e.g. ``steps``). A subclass's
+    ``PRESETS`` add to its bases' (its own values win)."""
 
     name: ClassVar[str] = ""
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
@@ -48,11 +44,12 @@ class AlgoConfig:
 
     @classmethod
     def preset(cls, family: str, run: Mapping[str, Any]) -> dict[str, Any]:
-        """The defaults ``family`` gives this config's fields (functions evaluated on ``run``)."""
-        out = {}
-        for key, value in cls.PRESETS.get(family, {}).items():
-            out[key] = value(run) if callable(value) else value
-        return out
+        """The defaults ``family`` gives this config's fields (functions evaluated on ``run``): the
+        ``PRESETS`` of its bases, then its own."""
+        merged: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(vars(klass).get("PRESETS", {}).get(family, {}))
+        return {key: value(run) if callable(value) else value for key, value in merged.items()}
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -99,19 +96,8 @@ class BoxConfig(AlgoConfig):
                              "(0, 1) (CORL: 0.005)")
 
 
-@dataclass(frozen=True)
-class LearnerSetup:
-    """What a learner factory gets: the run's config, the store it learns from (opened), the device,
-    the evaluation env id (``None``: none) and, for discrete actions, the number of actions."""
-
-    cfg: TrainConfig
-    store: ReplayStore
-    device: torch.device
-    eval_env: str | None = None
-    n_actions: int | None = None
-
-
-LearnerFactory = Callable[[LearnerSetup], Any]
+LearnerFactory = Callable[..., Any]
+"""A function of a ``mmreplay.train.settings.LearnerSetup`` that returns a learner."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +117,7 @@ class Algorithm:
         """The action kinds it learns: ``"discrete"``, ``"box"`` or both."""
         return tuple(self.learners)
 
-    def learner(self, setup: LearnerSetup, kind: str) -> Any:
+    def learner(self, setup: Any, kind: str) -> Any:
         """A learner for ``kind`` actions (``ValueError`` naming what fits when it takes none)."""
         factory = self.learners.get(kind)
         if factory is None:

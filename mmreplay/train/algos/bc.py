@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from .base import AlgoConfig, Algorithm, LearnerSetup
+from .base import AlgoConfig, Algorithm
 
 if TYPE_CHECKING:
     import torch
 
-    from ..box_learner import BoxLearner
+    from ..settings import LearnerSetup
+
+    from ..box_learner import BoxAlgorithm, BoxLearner
     from ..q_learner import QLearner
 
 
@@ -67,10 +69,17 @@ def _discrete(setup: LearnerSetup) -> QLearner:
     return QLearner.for_setup(setup, discrete_loss, target=False)
 
 
-def _box(setup: LearnerSetup) -> BoxLearner:
-    from ..box_learner import BoxAlgorithm, box_learner
+def box_algorithm(algo: BCConfig) -> BoxAlgorithm:
+    """What :class:`mmreplay.train.box_learner.BoxLearner` runs for behaviour cloning of Box actions."""
+    from ..box_learner import BoxAlgorithm
 
-    return box_learner(setup, BoxAlgorithm(box_step))
+    return BoxAlgorithm(box_step)
+
+
+def _box(setup: LearnerSetup) -> BoxLearner:
+    from ..box_learner import box_learner
+
+    return box_learner(setup, box_algorithm(setup.cfg.algo))
 
 
 ALGORITHM = Algorithm("bc", BCConfig, {"discrete": _discrete, "box": _box},

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import Algorithm, LearnerSetup
+from .base import Algorithm
 from .dqn import QLearningConfig, q_values, td_loss
 
 if TYPE_CHECKING:
     import torch
+
+    from ..settings import LearnerSetup
 
     from ..q_learner import QLearner
 
@@ -24,7 +26,6 @@ class CQLConfig(QLearningConfig):
     regulariser's weight."""
 
     name: ClassVar[str] = "cql"
-    PRESETS: ClassVar = QLearningConfig.PRESETS
 
     cql_alpha: float = 1.0
     """Weight of the CQL regulariser."""

@@ -22,23 +22,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from .base import AlgoConfig, Algorithm, LearnerSetup
+from .base import AlgoConfig, Algorithm
 
 if TYPE_CHECKING:
     import torch
 
+    from ..settings import LearnerSetup
+
     from ..q_learner import QLearner
 
-_ATARI = dict(learning_rate=1e-4, batch_size=32, target_update_interval=1000)
-_MINATAR = dict(optimizer="rmsprop", learning_rate=2.5e-4, batch_size=32, target_update_interval=1000, double=False,
-                loss="huber", max_grad_norm=0.0, gamma=0.99)
 
 
 @dataclass(frozen=True, slots=True)
 class QLearningConfig(AlgoConfig):
     """The settings of a Q network trained on TD targets (DQN, CQL)."""
 
-    PRESETS: ClassVar = {"offline": dict(target_update_interval=1000), "atari": _ATARI, "minatar": _MINATAR}
+    PRESETS: ClassVar = {
+        "offline": dict(target_update_interval=1000),
+        "atari": dict(learning_rate=1e-4, batch_size=32, target_update_interval=1000),
+        "minatar": dict(optimizer="rmsprop", learning_rate=2.5e-4, batch_size=32, target_update_interval=1000,
+                        double=False, loss="huber", max_grad_norm=0.0, gamma=0.99),
+    }
 
     optimizer: Literal["adam", "rmsprop"] = "adam"
     """``adam``, or ``rmsprop``: centered RMSprop with squared-gradient decay 0.95, momentum 0.95 and
@@ -76,12 +80,10 @@ class DQNConfig(QLearningConfig):
     """DQN's settings: the Q-learning ones and, online, exploration and training rounds."""
 
     name: ClassVar[str] = "dqn"
-    PRESETS: ClassVar = {
-        "offline": QLearningConfig.PRESETS["offline"],
-        "atari": {**_ATARI, "train_freq": 4, "gradient_steps": 1, "learning_starts": 80_000, "end_e": 0.01,
-                  "exploration_fraction": 0.10},
-        "minatar": {**_MINATAR, "train_freq": 1, "gradient_steps": 1, "learning_starts": 5000, "start_e": 1.0,
-                    "end_e": 0.1, "exploration_fraction": _minatar_decay},
+    PRESETS: ClassVar = {  # (over QLearningConfig's)
+        "atari": dict(train_freq=4, gradient_steps=1, learning_starts=80_000, end_e=0.01, exploration_fraction=0.10),
+        "minatar": dict(train_freq=1, gradient_steps=1, learning_starts=5000, start_e=1.0, end_e=0.1,
+                        exploration_fraction=_minatar_decay),
     }
 
     train_freq: int = 256

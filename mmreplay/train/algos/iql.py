@@ -17,12 +17,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import Algorithm, BoxConfig, LearnerSetup
+from .base import Algorithm, BoxConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from ..box_learner import BoxLearner
+    from ..settings import LearnerSetup
+
+    from ..box_learner import BoxAlgorithm, BoxLearner
 
 EXP_ADV_MAX = 100.0
 """The advantage weights ``exp(beta * A)`` are clipped at this."""
@@ -98,12 +100,18 @@ def _after_graphed_update(ln: BoxLearner) -> None:
     schedule_actor_lr(ln, ln.updates)
 
 
-def _learner(setup: LearnerSetup) -> BoxLearner:
-    from ..box_learner import BoxAlgorithm, box_learner
+def box_algorithm(algo: IQLConfig) -> BoxAlgorithm:
+    """What :class:`mmreplay.train.box_learner.BoxLearner` runs for IQL with ``algo``'s settings."""
+    from ..box_learner import BoxAlgorithm
 
-    gaussian = not setup.cfg.algo.iql_deterministic
-    return box_learner(setup, BoxAlgorithm(step, build=build, gaussian=gaussian,
-                                           after_graphed_update=_after_graphed_update))
+    return BoxAlgorithm(step, build=build, gaussian=not algo.iql_deterministic,
+                        after_graphed_update=_after_graphed_update)
+
+
+def _learner(setup: LearnerSetup) -> BoxLearner:
+    from ..box_learner import box_learner
+
+    return box_learner(setup, box_algorithm(setup.cfg.algo))
 
 
 ALGORITHM = Algorithm("iql", IQLConfig, {"box": _learner}, summary="implicit Q-learning, offline (Box actions)")

@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import Algorithm, BoxConfig, LearnerSetup
+from .base import Algorithm, BoxConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from ..box_learner import BoxLearner
+    from ..settings import LearnerSetup
+
+    from ..box_learner import BoxAlgorithm, BoxLearner
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +85,17 @@ def phase(ln: BoxLearner) -> bool:
     return (ln.updates + 1) % ln.algo.policy_freq == 0
 
 
-def _learner(setup: LearnerSetup) -> BoxLearner:
-    from ..box_learner import BoxAlgorithm, box_learner
+def box_algorithm(algo: TD3BCConfig) -> BoxAlgorithm:
+    """What :class:`mmreplay.train.box_learner.BoxLearner` runs for TD3+BC."""
+    from ..box_learner import BoxAlgorithm
 
-    return box_learner(setup, BoxAlgorithm(step, build=build, phase=phase))
+    return BoxAlgorithm(step, build=build, phase=phase)
+
+
+def _learner(setup: LearnerSetup) -> BoxLearner:
+    from ..box_learner import box_learner
+
+    return box_learner(setup, box_algorithm(setup.cfg.algo))
 
 
 ALGORITHM = Algorithm("td3bc", TD3BCConfig, {"box": _learner}, summary="TD3+BC, offline (Box actions)")
