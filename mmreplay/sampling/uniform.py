@@ -372,7 +372,7 @@ class UniformSampler(TransitionSampler):
         How often to look for segments written by other processes; ``None`` never refreshes
         automatically (call ``store.refresh()`` yourself).
     n_step, gamma
-        n-step returns (see ``window_kernels.py``): ``reward`` is the discounted return over up to
+        n-step returns (see ``mmreplay.sampling.window_kernels``): ``reward`` is the discounted return over up to
         ``n_step`` rows, ``next_obs`` the observation to bootstrap from and ``discount`` its
         factor. Starts whose lookahead is not written yet are not drawn.
     frame_stack
@@ -402,6 +402,27 @@ class UniformSampler(TransitionSampler):
 
     Call ``TransitionSampler.close()`` (or use ``with``) to stop the background threads and free the resident
     set's RAM before the store is closed; ``TransitionSampler.tier_stats()`` reports what the tiers hold.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> import mmreplay
+    >>> store = mmreplay.create_store(tempfile.mkdtemp() + "/replay", mmreplay.Schema.transition(obs_shape=(4,)),
+    ...                               capacity=10_000)
+    >>> with store.writer(lanes=1) as w:  # 100 steps of one lane at once: leading shape (T, lanes)
+    ...     w.add_batch(obs=np.arange(400, dtype=np.float32).reshape(100, 1, 4), action=np.zeros((100, 1), np.int64),
+    ...                 reward=np.ones((100, 1), np.float32), terminated=np.zeros((100, 1), bool),
+    ...                 truncated=np.zeros((100, 1), bool))
+    >>> batch = mmreplay.UniformSampler(store, seed=0).sample(32)  # numpy arrays
+    >>> batch.obs.shape, batch.action.shape, batch.next_obs.shape, batch.weights
+    ((32, 4), (32,), (32, 4), None)
+    >>> bool((batch.next_obs == batch.obs + 4).all())  # next_obs: the lane's next row
+    True
+    >>> batch = mmreplay.UniformSampler(store, seed=0, n_step=3, gamma=0.9).sample(32)
+    >>> bool(np.allclose(batch.reward, 1 + 0.9 + 0.81)), bool(np.allclose(batch.discount, 0.9 ** 3))
+    (True, True)
+    >>> store.close()
     """
 
     def _sample_raw(self, batch_size: int) -> tuple[TransitionPlan, np.ndarray, np.ndarray]:
