@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .files import StoreFiles
 
 Durability = Literal["process", "segment", "batch"]
+"""The writer's ``durability=`` levels (see the module docstring)."""
 _DONE, _NOT_DONE = np.ones(1, np.bool_), np.zeros(1, np.bool_)  # a single lane's last step done or not
 _DONE.flags.writeable = _NOT_DONE.flags.writeable = False
 _PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
