@@ -203,9 +203,8 @@ class ReplayStore:
 
     Reading: :meth:`refresh` picks up what writers published; samplers draw row ids and
     :meth:`transitions` turns them into batches. Writing: :meth:`writer` opens a writer
-    session with its own lanes and segments. Not to be used after ``fork()``.
-
-    Attributes the manifest fixes at creation (read them, do not set them):
+    session with its own lanes and segments. Not to be used after ``fork()``. Its attributes are
+    to read, not to set: the manifest fixes most of them at creation.
     """
 
     manifest: dict[str, Any]
