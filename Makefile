@@ -47,8 +47,9 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/run.py
 
-# the API reference from the docstrings: build/reference/index.html (fails on an undocumented public name
-# or a broken cross-reference, as tests/docs/test_reference.py does)
+# the API reference from the docstrings: build/reference/index.html, a page per module (fails on an
+# undocumented public name or attribute, a module without a page, or a broken cross-reference, as
+# tests/docs/test_reference.py does)
 docs: $(STAMP)
 	$(BIN)/python docs/reference.py build/reference
 

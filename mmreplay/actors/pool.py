@@ -70,10 +70,15 @@ class CollectResult:
     episodes: int
     """Episodes that ended on their own (terminated, or truncated by the env)."""
     episode_returns: list[float]
+    """The return of each episode that ended on its own, in the order the workers reported them."""
     seconds: float
+    """Wall time of the whole run (workers' start-up included)."""
     bytes_written: int
+    """Record bytes of the rows stored (``steps`` times the store's record size)."""
     seed: int
+    """The run's base seed (drawn if none was given): the same seed, the same env streams."""
     interrupted: bool = False
+    """Whether a signal (Ctrl-C, SIGTERM) stopped the run early; what was written is kept."""
     signal: int | None = None
     """The signal that stopped the run (SIGINT or SIGTERM), if one did."""
     errors: dict[int, str] = dataclasses.field(default_factory=dict)
@@ -86,6 +91,7 @@ class CollectResult:
     collect`` prints an ``MMReplayError``'s message with its hint. A worker that died without raising
     (a signal, an exit code), or whose exception does not pickle, is in ``errors`` only."""
     provenance: str | None = None
+    """The name of the run's provenance record in the store (``ReplayStore.provenance()``)."""
     loop_seconds: float = 0.0
     """The longest worker's stepping loop (no process start-up, env creation or store opening)."""
     loop_cpu_seconds: float = 0.0
@@ -449,7 +455,7 @@ class Interrupts:
     def __init__(self, *, raises: bool = True) -> None:
         self.signal: int | None = None
         """The first signal that arrived (``signal.SIGINT`` or ``signal.SIGTERM``)."""
-        self.count = 0
+        self._count = 0
         self.raises = raises
         """Raise ``KeyboardInterrupt`` at the first signal; else only record it (``stop_requested``),
         for a loop that stops at its next safe point (a trainer: never inside an update)."""
@@ -467,20 +473,20 @@ class Interrupts:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.count += 1
+        self._count += 1
         if self.signal is None:
             self.signal = signum
             if self.raises:
                 raise KeyboardInterrupt
             print("mmreplay: stopping at the next safe point (a checkpoint is written)", file=sys.stderr)
             return
-        if self.count == 2:
+        if self._count == 2:
             print("mmreplay: stopping; the writers are closed first (their rows are kept)", file=sys.stderr)
 
     @property
     def hurry(self) -> bool:
         """Two or more signals have arrived: a run waits less for a wedged worker to finish."""
-        return self.count >= 2
+        return self._count >= 2
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
@@ -510,7 +516,7 @@ class ActorPool:
             raise ValueError(f"a trainer's actors use next-step autoreset, got {env.autoreset_mode!r}")
         spec = PolicySpec("eps-greedy", str(policy_path), None, reload_s=0.2)
         # rows are published every 16 vector steps: the learner samples data a few ms old
-        self.cfgs = [WorkerConfig(w, env, str(store_path), None, envs_per_actor, seed, spec, durability,
+        self._cfgs = [WorkerConfig(w, env, str(store_path), None, envs_per_actor, seed, spec, durability,
                                   gather_steps=16, run=run)
                      for w in range(actors)]  # ``run``: the trainer's provenance record (the actors keep theirs beside it)
         self._procs: list[Any] = []
@@ -523,7 +529,7 @@ class ActorPool:
 
     def start(self) -> ActorPool:
         """Spawn the actors (each loads the policy file first: write it before starting)."""
-        self._q, self._stop, self._counts, self._allowed, self._procs = _spawn(self.cfgs, limited=True)
+        self._q, self._stop, self._counts, self._allowed, self._procs = _spawn(self._cfgs, limited=True)
         self._allowed.value = 0
         return self
 

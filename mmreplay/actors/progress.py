@@ -19,26 +19,26 @@ class CollectProgress:
     def __init__(self, total: int, enabled: bool | None) -> None:
         if enabled is None:
             enabled = sys.stderr.isatty()
-        self.bar = None
+        self._bar = None
         if enabled:
             try:
                 from tqdm import tqdm
             except ImportError:  # pragma: no cover - tqdm is a dependency
                 return
-            self.bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+            self._bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
 
     def update(self, n: int, result: Any) -> None:
         """Add ``n`` steps to the bar and show ``result``'s episodes, the mean return of its last 100
         episodes and the MiB written (nothing when silent)."""
-        if self.bar is None:
+        if self._bar is None:
             return
         recent = result.episode_returns[-100:]
-        self.bar.set_postfix_str(
+        self._bar.set_postfix_str(
             f"episodes={result.episodes} return={np.mean(recent):.1f} written={result.bytes_written / 2**20:.0f}MiB"
             if recent else f"episodes={result.episodes} written={result.bytes_written / 2**20:.0f}MiB", refresh=False)
-        self.bar.update(n)
+        self._bar.update(n)
 
     def close(self) -> None:
         """Close the bar (nothing when silent)."""
-        if self.bar is not None:
-            self.bar.close()
+        if self._bar is not None:
+            self._bar.close()

@@ -38,10 +38,15 @@ class PolicySpec:
     """
 
     kind: Literal["random", "eps-greedy", "gaussian"] = "random"
+    """``"random"`` (the action space's samples), ``"eps-greedy"`` or ``"gaussian"``."""
     path: str | None = None
+    """The policy file (``None`` for ``random``)."""
     epsilon: float | None = None
+    """``eps-greedy``: the chance of a random action (``None``: the file's, else 0.05)."""
     reload_s: float = 1.0
+    """How often to look for a new version of the policy file, in seconds."""
     noise: float = 0.0
+    """``gaussian``: the standard deviation of the exploration noise, a fraction of each half-range."""
 
     @classmethod
     def parse(cls, text: str) -> PolicySpec:
@@ -86,10 +91,15 @@ class WriterSpec:
     store."""
 
     store: str | None
+    """The store's path (``None``: no store here; the rows stay in the archive)."""
     capacity: int = 1_000_000
+    """Rows kept once full, for a store the run creates (``create_store(capacity=)``)."""
     segment_records: int | None = None
+    """Rows per segment file for a store the run creates (``None``: sized for about 32 MiB)."""
     durability: Durability = "segment"
+    """The writers' durability level (``ReplayStore.writer(durability=)``)."""
     metadata: Mapping[str, Any] | None = None
+    """Facts recorded in the manifest of a store the run creates."""
 
     def __post_init__(self) -> None:
         if self.store is not None and not isinstance(self.store, str):
@@ -111,11 +121,17 @@ class CollectSpec:
     (``None``: when stderr is a terminal)."""
 
     steps: int
+    """Env steps in all, over every worker and env copy."""
     workers: int = 1
+    """Worker processes (or Ray actors); ``0``: one worker in the calling process."""
     envs_per_worker: int = 1
+    """Env copies of each worker's vector env (its writer's lanes)."""
     policy: PolicySpec | PolicyFn = PolicySpec()
+    """What the workers act with: a ``PolicySpec`` (its text form is parsed) or a ``PolicyFn``."""
     seed: int | None = None
+    """Base seed of the envs and policies (``None``: a fresh one, see ``seeded``)."""
     progress: bool | None = None
+    """Show a progress bar (``None``: when stderr is a terminal)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -131,14 +131,23 @@ class WorkerConfig:
     """Everything a worker process needs (picklable)."""
 
     worker: int
+    """The worker's index in the run (0, 1, ...): it offsets the seeds."""
     env: EnvSpec
+    """What env to make, and how to wrap and reset it."""
     store: str
-    steps: int | None  # env steps (rows) to store; None: until stopped
+    """The store's path (it exists: the parent made it)."""
+    steps: int | None
+    """Env steps (rows) to store; ``None``: until stopped."""
     envs: int
+    """Env copies of the worker's vector env (its writer's lanes)."""
     seed: int
+    """The run's base seed."""
     policy: PolicySpec | PolicyFn
+    """What the worker acts with."""
     durability: str = "segment"
+    """The writer's durability level."""
     report_s: float = 0.25
+    """Seconds between the worker's progress reports to the parent."""
     gather_steps: int = 256
     """Most vector steps gathered before one ``add_batch`` (and at most 256 KiB): rows reach
     readers that many steps late. A trainer's actors use a few (fresh data), ``collect`` many."""

@@ -113,9 +113,11 @@ class ArchiveReport:
     """What an export did."""
 
     url: str
+    """The archive's URL (or path)."""
     segments_written: int
     """Segments whose chunks this export wrote (new ones and open ones that grew)."""
     rows_written: int
+    """Rows this export wrote."""
     segments: int
     """Segments in the archive after the export."""
     rows: int
@@ -137,11 +139,15 @@ class ImportReport:
     """What an import did."""
 
     path: str
+    """The store's path."""
     segments_written: int
+    """Segments this import wrote into the store."""
     rows_written: int
+    """Rows this import wrote."""
     segments: int
     """Archived segments now present in the store (written now or earlier)."""
     rows: int
+    """Committed rows of the archived segments selected (``max_rows``), imported now or earlier."""
     masked: dict[int, tuple[int, str]] | None = None
     """Segment id -> (rows, why): segments written with every row masked because a chunk of theirs is
     missing or damaged in the archive (their rows are not data; never served)."""
@@ -608,9 +614,11 @@ class ArchiveCheck:
     """What :func:`verify_archive` found."""
 
     url: str
+    """The archive's URL (or path)."""
     segments: int
     """Committed segments checked."""
     rows: int
+    """Committed rows of those segments."""
     problems: list[str]
     """One line per segment a missing or damaged chunk costs (or whose table row cannot be trusted)."""
     notes: list[str]

@@ -340,10 +340,11 @@ class RayActorPool:
         if actors < 1:
             raise ValueError(f"`actors` must be >= 1, got {actors}")
         ship = ship if ship is not None else ShipSpec()
-        self.env = env if isinstance(env, EnvSpec) else EnvSpec(env)
-        self.store_path, self.actors, self.envs_per_actor = str(store_path), actors, envs_per_actor
-        self.policy_path, self.seed, self.durability, self.ship = str(policy_path), seed, durability, ship
-        self.archive_url = ship.archive_for(self.store_path)
+        self._env = env if isinstance(env, EnvSpec) else EnvSpec(env)
+        self._store_path, self._actors, self._envs_per_actor = str(store_path), actors, envs_per_actor
+        self._policy_path, self._seed, self._durability, self._ship = str(policy_path), seed, durability, ship
+        self.archive_url = ship.archive_for(self._store_path)
+        """Where the actors export their segments and the learner ingests them from (``ShipSpec.archive_for``)."""
         self._fleet: Fleet | None = None
         self._store: ReplayStore | None = None
         self._stopped = False
@@ -354,17 +355,17 @@ class RayActorPool:
 
         if self._fleet is not None:
             raise RuntimeError("this pool was started already")
-        self._store = open_store(self.store_path, mode="a")
+        self._store = open_store(self._store_path, mode="a")
         try:
             R = self._store.segment_records
-            _warn_big_segments(self.store_path, R, self._store.schema, self.envs_per_actor)
-            root = _check_archive_root(self.archive_url, self.ship.address)
-            specs = actor_specs(self.actors, self.env, self.envs_per_actor, schema=self._store.schema,
-                                segment_records=R, archive_root=root, ship=self.ship,
-                                policy=PolicySpec("eps-greedy", self.policy_path, None, reload_s=0.2),
-                                durability=self.durability, metadata=dict(self._store.metadata))
-            self._fleet = Fleet(specs, [None] * self.actors, self.ship, seed=self.seed, store=self._store,
-                                archive_root=root, policy_path=self.policy_path)
+            _warn_big_segments(self._store_path, R, self._store.schema, self._envs_per_actor)
+            root = _check_archive_root(self.archive_url, self._ship.address)
+            specs = actor_specs(self._actors, self._env, self._envs_per_actor, schema=self._store.schema,
+                                segment_records=R, archive_root=root, ship=self._ship,
+                                policy=PolicySpec("eps-greedy", self._policy_path, None, reload_s=0.2),
+                                durability=self._durability, metadata=dict(self._store.metadata))
+            self._fleet = Fleet(specs, [None] * self._actors, self._ship, seed=self._seed, store=self._store,
+                                archive_root=root, policy_path=self._policy_path)
             self._fleet.allowed = 0
             self._fleet.start()
         except BaseException:
@@ -427,7 +428,7 @@ class RayActorPool:
         """Put the policy file's bytes (default: ``policy_path``) into Ray's object store and send
         them to every actor; actors switch to them within ~0.2 s. Called automatically when the
         file at ``policy_path`` changes."""
-        self._need().publish(path if path is not None else self.policy_path)
+        self._need().publish(path if path is not None else self._policy_path)
 
     def ingest(self, store: ReplayStore | str | os.PathLike[str] | None = None) -> int:
         """Pull new sealed segments into ``store`` (default: the pool's handle of the learner's

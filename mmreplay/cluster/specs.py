@@ -27,15 +27,25 @@ class ShipSpec:
     ``actor_cpus``: CPUs each actor reserves; ``storage_options``: fsspec options of the archive."""
 
     archive_url: str | None = None
+    """Where actors export sealed segments (``None``: ``<store>.archive``, only without ``address``)."""
     address: str | None = None
+    """The Ray cluster to join (``None``: a local Ray instance for the run)."""
     export_s: float = 1.0
+    """Seconds between an actor's exports."""
     ingest_s: float = 0.5
+    """Seconds between the learner's ingests."""
     local_dir: str | None = None
+    """Where the actors' local stores go on each node (``None``: ``<temp dir>/mmreplay-ray``)."""
     local_capacity: int | None = None
+    """Rows of each actor's local store (``None``: 64 segments)."""
     keep_local: bool = False
+    """Keep the local stores after the last export."""
     max_restarts: int = 3
+    """Times Ray restarts a dead actor."""
     actor_cpus: float = 1.0
+    """CPUs each actor reserves."""
     storage_options: Mapping[str, Any] | None = None
+    """fsspec options of the archive (credentials, endpoint)."""
 
     def __post_init__(self) -> None:
         if self.archive_url is not None and not isinstance(self.archive_url, str):

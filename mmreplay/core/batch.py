@@ -18,7 +18,9 @@ class TransitionBatch:
     obs: np.ndarray | dict[str, np.ndarray]
     """Observation (a dict ``{key: array}`` for a Dict observation space)."""
     action: np.ndarray
+    """Action taken at ``obs``."""
     reward: np.ndarray
+    """Reward of that step (with ``n_step`` > 1: the discounted m-step return, see ``discount``)."""
     next_obs: np.ndarray | dict[str, np.ndarray]
     """Observation of the lane's next row: the final observation when the episode ended."""
     terminated: np.ndarray

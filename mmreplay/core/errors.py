@@ -42,6 +42,8 @@ class MMReplayError(Exception):
     """Base class of every mmreplay error. ``hint`` says what to do next."""
 
     hint: str = ""
+    """What to do next, in one line (each subclass has its own; ``hint=`` replaces it); ``str(error)``
+    ends with it."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         if hint is not None:
@@ -102,6 +104,8 @@ class CorruptSegmentError(MMReplayError):
 
     hint = "run `mmreplay verify PATH --repair` to quarantine damaged segments"
     kind: str = ""
+    """Which damage (see the class docstring): ``"header"``, ``"foreign"``, ``"schema"``, ``"layout"``,
+    ``"short"``, ``"counts"``, ``"rows"`` or ``""``."""
 
     def __init__(self, message: str, *, hint: str | None = None, kind: str = "") -> None:
         super().__init__(message, hint=hint)

@@ -136,8 +136,8 @@ class MMReplayBuffer(ReplayBuffer):
         SB3's next slot and whether the slot table wrapped (``sampling="sb3"``; settable, as SB3's).
     """
 
-    #: default of ``max_assemble_bytes``: the largest array an attribute such as ``observations`` assembles
     MAX_ASSEMBLE_BYTES = 1 << 30
+    """Default of ``max_assemble_bytes``: the largest array an attribute such as ``observations`` assembles."""
 
     # annotations only (SB3's constructor sets them), so the reference documents them
     pos: int
@@ -167,14 +167,20 @@ class MMReplayBuffer(ReplayBuffer):
         max_assemble_bytes: int = MAX_ASSEMBLE_BYTES,
     ) -> None:
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
-        self.buffer_size = max(buffer_size // n_envs, 1)  # as SB3: steps of the vector env
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        """Steps of the vector env the slot table holds (``buffer_size // n_envs``, as SB3's)."""
         self.optimize_memory_usage = optimize_memory_usage
+        """As given: it changes nothing here (``next_obs`` is never stored twice; see the module docstring)."""
         self.handle_timeout_termination = handle_timeout_termination
+        """As SB3's: sampled ``dones`` are ``terminated`` when True, else ``terminated or truncated``."""
         self.path = str(path)
+        """The store directory."""
         if sampling not in ("sb3", "store"):
             raise ValueError(f"sampling must be 'sb3' or 'store', got {sampling!r}")
         self.sampling = sampling
+        """``"sb3"`` or ``"store"`` (see the class docstring)."""
         self.max_assemble_bytes = int(max_assemble_bytes)
+        """The largest SB3 array an attribute access assembles (settable); larger raises ``MemoryError``."""
         self._options = dict(segment_records=segment_records, durability=durability, seed=seed,
                              refresh_interval_s=refresh_interval_s, sampler_kwargs=sampler_kwargs)
         # sb3 sampling: the store row id of each (pos, env) slot, -1 while empty (SB3's pos and full)

@@ -88,13 +88,19 @@ class TransitionDataset(IterableDataset):
             self._archive_store = open_archive(archive, cache_dir)  # kept open: it holds a temporary cache
             path = self._archive_store.path
         self.path = str(path)
+        """The store directory read (an archive's materialised store with ``archive=``)."""
         if not Path(self.path).is_dir():
             raise StoreNotFoundError(f"{self.path}: no store there")
         self.batch_size = int(batch_size)
+        """Transitions per batch."""
         self.num_batches = num_batches
+        """Batches per pass over the dataset, all workers together; ``None`` never ends."""
         self.seed = seed
+        """The base seed (``None``: the seed torch gives each worker)."""
         self.float_dtype = float_dtype
+        """The torch dtype float and uint8 fields are cast to, or ``None``."""
         self.sampler_kwargs = sampler_kwargs
+        """The ``mmreplay.UniformSampler`` options each worker's sampler is made with."""
         # fail here, in the main process, on a bad store or option; and load the compiled sampling
         # kernels here, so forked workers start with them (each would load them again: ~1 s)
         with open_store(self.path) as store, UniformSampler(store, **sampler_kwargs) as sampler:

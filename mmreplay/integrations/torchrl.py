@@ -82,20 +82,28 @@ class MMReplayStorage(Storage):
         As for ``mmreplay.Writer`` / ``mmreplay.UniformSampler``.
     """
 
+    max_size: int
+    """Capacity in rows of a new store (TorchRL's ``Storage.max_size``)."""
+
     def __init__(self, path: str | os.PathLike[str], max_size: int = 1_000_000, *,
                  obs_keys: tuple[str, ...] = ("observation",), action_key: str = "action",
                  segment_records: int | None = None, durability: str = "segment", seed: int | None = None,
                  refresh_interval_s: float = 1.0) -> None:
         super().__init__(max_size)
         self.path = str(path)
+        """The store directory."""
         self.obs_keys = tuple(obs_keys)
+        """The observation keys of the TensorDicts (each also read under ``"next"``)."""
         self.action_key = action_key
+        """The action key of the TensorDicts."""
         self._names = {k: "obs" if len(self.obs_keys) == 1 else f"obs/{k}" for k in self.obs_keys}
         self._opts = dict(segment_records=segment_records, durability=durability, seed=seed,
                           refresh_interval_s=refresh_interval_s)
         self.store: Any = None
-        self.lanes: LaneWriters | None = None
+        """The ``mmreplay.ReplayStore`` (``mode="a"``), or ``None`` until the first write makes it."""
+        self._lanes: LaneWriters | None = None
         self.sampler: UniformSampler | None = None
+        """The ``mmreplay.UniformSampler`` over ``store`` that ``MMReplaySampler`` draws through (``None`` with no store)."""
         self._dense: np.ndarray | None = None  # transition ids behind positions [0, len)
         self._snap: Any = None  # the reader snapshot ``_dense`` was computed from
         self._drawn: tuple[torch.Tensor, Any] | None = None
@@ -132,10 +140,10 @@ class MMReplayStorage(Storage):
             self._attach(open_or_create(self.path, schema, self.max_size, segment_records=self._opts["segment_records"],
                                         metadata={"writer": "torchrl"}, what="this TensorDict", writers=envs))
         lanes = 1 if nd == 1 else int(data.batch_size[0])
-        if self.lanes is None:
-            self.lanes = LaneWriters(self.store, lanes, durability=self._opts["durability"])
-        elif lanes != self.lanes.n:
-            raise SchemaError(f"this storage writes {self.lanes.n} env(s) per batch; got a batch of dims "
+        if self._lanes is None:
+            self._lanes = LaneWriters(self.store, lanes, durability=self._opts["durability"])
+        elif lanes != self._lanes.n:
+            raise SchemaError(f"this storage writes {self._lanes.n} env(s) per batch; got a batch of dims "
                               f"{list(data.batch_size)} (give [T] for one env, [n_envs, T] for several)")
 
     # -- Storage API ------------------------------------------------------------------------
@@ -151,7 +159,7 @@ class MMReplayStorage(Storage):
         self._open_for(data, nd)
         data = data.cpu() if data.device not in (None, torch.device("cpu")) else data
         cols = self._columns(data, nd)
-        lanes = self.lanes
+        lanes = self._lanes
         assert lanes is not None
         for i in range(lanes.n):  # one add_batch per env (vectorized over its steps)
             pick = (lambda a: a) if nd == 1 else (lambda a, i=i: a[i])  # noqa: E731
@@ -251,21 +259,21 @@ class MMReplayStorage(Storage):
 
     def flush(self) -> None:
         """Make every written row durable (msync); each env's newest step stays pending."""
-        if self.lanes is not None:
-            self.lanes.flush()
+        if self._lanes is not None:
+            self._lanes.flush()
 
     def close(self) -> None:
         """Write each env's pending step and close the store (idempotent)."""
         if self.store is None:
             return
         try:
-            if self.lanes is not None:
-                self.lanes.close()
+            if self._lanes is not None:
+                self._lanes.close()
         finally:
             if self.sampler is not None:
                 self.sampler.close()
             self.store.close()
-            self.store = self.lanes = self.sampler = None
+            self.store = self._lanes = self.sampler = None
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("MMReplayStorage is not picklable: open the store by path in each process")

@@ -55,7 +55,9 @@ class DopamineReport:
     """What an import did."""
 
     path: str
+    """The store created."""
     checkpoints: tuple[int, ...]
+    """The checkpoint numbers imported, ascending."""
     transitions: int
     """Transitions read from the files (padding included)."""
     padding: int

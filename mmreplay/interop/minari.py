@@ -62,7 +62,9 @@ class MinariReport:
     """What an export or import did."""
 
     dataset_id: str
+    """The Minari dataset's id."""
     episodes: int
+    """Episodes written (export: into the dataset; import: into the store)."""
     steps: int
     """Actions (transitions), T summed over episodes."""
     skipped: int

@@ -77,6 +77,27 @@ class BatchLoader:
         (prioritized, windowed and prefetching samplers hold state that one thread owns). The
         loader then refreshes the store itself, every ``REFRESH_S`` seconds at most, while no
         gather runs (a gather never reads a segment a refresh may drop).
+
+    Example
+    -------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> import torch
+    >>> import mmreplay
+    >>> store = mmreplay.create_store(tempfile.mkdtemp() + "/replay", mmreplay.Schema.transition(obs_shape=(4,)),
+    ...                               capacity=10_000)
+    >>> with store.writer(lanes=1) as w:
+    ...     w.add_batch(obs=np.zeros((100, 1, 4), np.float32), action=np.zeros((100, 1), np.int64),
+    ...                 reward=np.ones((100, 1), np.float32), terminated=np.zeros((100, 1), bool),
+    ...                 truncated=np.zeros((100, 1), bool))
+    >>> sampler = mmreplay.PrioritizedSampler(store, seed=0)
+    >>> loader = mmreplay.BatchLoader(sampler, batch_size=32, device="cpu", float_dtype=torch.float32)
+    >>> batch = next(loader)  # torch tensors, gathered in the background; valid until the next next()
+    >>> batch.obs.shape, batch.obs.dtype, batch.weights.shape
+    (torch.Size([32, 4]), torch.float32, torch.Size([32]))
+    >>> loader.update_priorities(batch.ids, torch.rand(32))  # the TD errors; applied before the next draw
+    >>> loader.close()
+    >>> store.close()
     """
 
     REFRESH_S = 0.05
@@ -90,16 +111,22 @@ class BatchLoader:
             raise ValueError("`batch_size` and `prefetch` must be >= 1")
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"`workers` must be an int >= 1, got {workers!r}")
-        self.torch = torch
+        self._torch = torch
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
+        """The ``torch.device`` the batches are on (``"auto"`` resolved)."""
+        self._cuda = self.device.type == "cuda"
         self.sampler = sampler
+        """The sampler given (worker 0's); send priorities through the loader's ``update_priorities``."""
         self.batch_size = batch_size
+        """Transitions per batch."""
         self.float_dtype = float_dtype
+        """The torch dtype float fields (and uint8 observations) are cast to, or ``None``."""
         self.profile = profile
+        """Whether the consumer's waits are recorded (``stats()``)."""
         self.workers = int(workers)
+        """Gather threads (see the class docstring)."""
         self._samplers = [sampler] + _forks(sampler, self.workers - 1)
         self._refresh_s: float | None = None
         if self.workers > 1:  # the loader refreshes the store, between gathers (see _gathering)
@@ -123,7 +150,7 @@ class BatchLoader:
         self._stop = threading.Event()
         self._held: tuple[int, int] | None = None  # (worker, slot) behind the batch the consumer holds
         self._turn = 0  # the worker whose batch is handed out next
-        self._streams = [torch.cuda.Stream(device=self.device) if self.cuda else None for _ in range(self.workers)]
+        self._streams = [torch.cuda.Stream(device=self.device) if self._cuda else None for _ in range(self.workers)]
         self._waits: list[float] = []
         self._updates_s: list[float] = []
         self._handed_at: float | None = None
@@ -220,8 +247,8 @@ class BatchLoader:
         """The batch gathered into ``slot.host`` as tensors: views of the host buffer on the CPU;
         with CUDA, one copy of the whole buffer into ``slot.device`` on the worker's stream (after
         the consumer's last use of it) and views of that."""
-        torch = self.torch
-        if not self.cuda:
+        torch = self._torch
+        if not self._cuda:
             tb = tensor_batch(b, self.device, self.float_dtype)  # views of slot.host already
             tb.buffer = slot.host
             return tb
@@ -256,9 +283,9 @@ class BatchLoader:
             self.close()
             raise RuntimeError("the loader's worker thread failed") from item
         tb, i = item
-        if self.cuda:
+        if self._cuda:
             slot = self._slots[w][i]
-            stream = self.torch.cuda.current_stream(self.device)
+            stream = self._torch.cuda.current_stream(self.device)
             stream.wait_event(slot.copied)
             base = slot.device.untyped_storage().data_ptr()
             for t in _tensors(tb):  # casts and small arrays were allocated on the loader's stream
@@ -275,10 +302,10 @@ class BatchLoader:
             return
         w, i = self._held
         self._held = None
-        if self.cuda:
+        if self._cuda:
             slot = self._slots[w][i]
-            slot.released = self.torch.cuda.Event()
-            slot.released.record(self.torch.cuda.current_stream(self.device))
+            slot.released = self._torch.cuda.Event()
+            slot.released.record(self._torch.cuda.current_stream(self.device))
         self._free[w].put(i)
 
     def update_priorities(self, ids: np.ndarray, td_errors: Any) -> None:
@@ -288,7 +315,7 @@ class BatchLoader:
         if hasattr(td_errors, "detach"):
             t = td_errors.detach()
             if t.device.type == "cuda":
-                torch = self.torch
+                torch = self._torch
                 host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
                 host.copy_(t.float(), non_blocking=True)
                 copied = torch.cuda.Event()
@@ -340,8 +367,8 @@ class BatchLoader:
             s.close()
         if self.workers > 1:
             self.sampler.refresh_interval_s = self._refresh_s
-        if self.cuda:
-            self.torch.cuda.current_stream(self.device).synchronize()
+        if self._cuda:
+            self._torch.cuda.current_stream(self.device).synchronize()
         self._slots = []
 
     def __enter__(self) -> BatchLoader:

@@ -27,16 +27,27 @@ class TensorBatch:
     """A batch as torch tensors on the loader's device."""
 
     obs: Any
+    """Observation tensor (a dict ``{key: tensor}`` for a Dict observation space); floats and uint8
+    frames in the loader's ``float_dtype`` when one is set."""
     action: Any
+    """Action tensor."""
     reward: Any
+    """Reward tensor (with ``n_step`` > 1: the discounted m-step return)."""
     next_obs: Any
+    """Observation of the lane's next row, as ``obs``."""
     terminated: Any
+    """Bool tensor: the episode ended by termination (do not bootstrap)."""
     truncated: Any
+    """Bool tensor: the episode was cut (time limit)."""
     ids: np.ndarray
     """Global row ids (numpy, on the host): pass them back to ``update_priorities``."""
     weights: Any = None
+    """Importance-sampling weights (prioritized replay), ``None`` for uniform sampling."""
     discount: Any = None
+    """The bootstrap factor ``gamma^m`` of ``n_step``/``frame_stack`` views, ``None`` otherwise (see
+    ``TransitionBatch.discount``)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Any other schema field, as tensors."""
     buffer: Any = None
     """From a ``BatchLoader``: the buffer (on the batch's device) the tensors are views of, one of
     the few the loader reuses, so a consumer may key work prepared for fixed addresses on it

@@ -69,6 +69,29 @@ class PrioritizedSampler(TransitionSampler):
     mode, cache_bytes, prefetch_batches, swap_segments_per_s
         Storage tiers, as for ``UniformSampler`` (windowed: priorities restricted to the
         resident set, see the module docstring).
+
+    Example
+    -------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> import mmreplay
+    >>> store = mmreplay.create_store(tempfile.mkdtemp() + "/replay", mmreplay.Schema.transition(obs_shape=(4,)),
+    ...                               capacity=10_000)
+    >>> with store.writer(lanes=1) as w:
+    ...     w.add_batch(obs=np.zeros((100, 1, 4), np.float32), action=np.zeros((100, 1), np.int64),
+    ...                 reward=np.ones((100, 1), np.float32), terminated=np.zeros((100, 1), bool),
+    ...                 truncated=np.zeros((100, 1), bool))
+    >>> sampler = mmreplay.PrioritizedSampler(store, alpha=0.6, beta=0.4, seed=0)
+    >>> batch = sampler.sample(32)  # new rows enter at the largest priority: equal weights
+    >>> batch.weights.shape, bool(np.allclose(batch.weights, 1.0))
+    ((32,), True)
+    >>> td = np.full(32, 2.0)  # the learner's TD errors for batch.ids
+    >>> sampler.update_priorities(batch.ids, td)  # each row's priority: (|td| + eps)^alpha
+    >>> bool(np.allclose(sampler.priorities(batch.ids), (2.0 + sampler.eps) ** 0.6))
+    True
+    >>> batch = sampler.sample(32)  # those rows are now drawn more often, with smaller weights
+    >>> sampler.save()  # <store>/priorities/default.npz: a sampler named "default" reloads it
+    >>> store.close()
     """
 
     def __init__(self, store: ReplayStore, *, alpha: float = 0.6, beta: float = 0.4, beta_final: float = 1.0,
@@ -85,12 +108,23 @@ class PrioritizedSampler(TransitionSampler):
                          prefetch_batches=prefetch_batches, swap_segments_per_s=swap_segments_per_s)
         self._k = kernels()
         SumTree = self._k.SumTree
-        self.alpha, self.beta0, self.beta_final, self.beta_steps, self.eps = alpha, beta, beta_final, beta_steps, eps
+        self.alpha = alpha
+        """The priority exponent: a row is drawn with probability ``p^alpha / sum p^alpha``."""
+        self._beta0 = beta
+        self.beta_final = beta_final
+        """The importance-weight exponent ``beta`` reaches after ``beta_steps`` draws."""
+        self.beta_steps = beta_steps
+        """Calls of ``sample`` over which ``beta`` is annealed from its start to ``beta_final``."""
+        self.eps = eps
+        """Added to ``|td|``: a row's priority is ``(|td| + eps)^alpha``."""
         self.name = name
+        """Name of the saved priorities: ``<store>/priorities/<name>.npz``."""
         self.steps = 0
-        self.max_priority = 1.0  # of p^alpha
-        self.R = store.segment_records
-        self.tree = SumTree(1)
+        """Batches drawn so far (saved and reloaded with the priorities): how far ``beta`` is annealed."""
+        self.max_priority = 1.0
+        """The largest ``p^alpha`` seen: rows published since the last refresh enter with it."""
+        self._R = store.segment_records
+        self._tree = SumTree(1)
         self._known: dict[int, tuple[int, int, int]] = {}  # segment id -> (tree slot, committed, succ id)
         self._free: list[int] = []
         self._slots = 0
@@ -111,7 +145,7 @@ class PrioritizedSampler(TransitionSampler):
         """The importance-sampling exponent now: ``beta`` annealed linearly to ``beta_final`` over
         ``beta_steps`` draws (then held)."""
         f = min(self.steps / self.beta_steps, 1.0)
-        return self.beta0 + f * (self.beta_final - self.beta0)
+        return self._beta0 + f * (self.beta_final - self._beta0)
 
     def _sync(self) -> None:
         """Bring the tree up to the reader's snapshot (new rows, new successors, evictions).
@@ -127,10 +161,10 @@ class PrioritizedSampler(TransitionSampler):
         live = set(sids.tolist())
         for sid in [s for s in self._known if s not in live]:  # evicted: leave the tree first
             t = self._known.pop(sid)[0]
-            self.tree.fill(t * self.R, (t + 1) * self.R, 0.0)
+            self._tree.fill(t * self._R, (t + 1) * self._R, 0.0)
             self._parked.pop(sid, None)
             self._free.append(t)
-        self.tree.grow((len(self._known) + len(live - self._known.keys()) + len(self._free) + 1) * self.R)
+        self._tree.grow((len(self._known) + len(live - self._known.keys()) + len(self._free) + 1) * self._R)
         self._base = np.empty(len(sids), np.int64)
         for k, sid in enumerate(sids.tolist()):
             n = int(snap.committed[k])
@@ -139,7 +173,7 @@ class PrioritizedSampler(TransitionSampler):
             if old is None:
                 t = self._free.pop() if self._free else self._slots
                 self._slots = max(self._slots, t + 1)
-                self.tree.fill(t * self.R, (t + 1) * self.R, 0.0)
+                self._tree.fill(t * self._R, (t + 1) * self._R, 0.0)
                 lo = 0
             else:
                 t = old[0]
@@ -149,12 +183,12 @@ class PrioritizedSampler(TransitionSampler):
                     lo = max(0, old[1] - reach)
                     if succ != old[2]:
                         lo = min(lo, max(0, int(snap.usable[k]) - reach))
-            self._base[k] = t * self.R
+            self._base[k] = t * self._R
             self._known[sid] = (t, n, succ)
             if lo >= 0:
                 self._enter(k, t, lo, n)
         self._slot_to_k = np.full(max(self._slots, 1), -1, np.int64)
-        self._slot_to_k[self._base // self.R] = np.arange(len(sids))
+        self._slot_to_k[self._base // self._R] = np.arange(len(sids))
 
     def _enter(self, k: int, t: int, lo: int, hi: int) -> None:
         """Rows ``[lo, hi)`` of segment ``k`` that now start a transition and have no priority
@@ -179,10 +213,10 @@ class PrioritizedSampler(TransitionSampler):
             s = slot[ok]
             parked[s[parked[s] == 0]] = self.max_priority
             return
-        leaves = t * self.R + slot[ok]
-        leaves = leaves[self.tree.get(leaves) == 0]
+        leaves = t * self._R + slot[ok]
+        leaves = leaves[self._tree.get(leaves) == 0]
         if len(leaves):
-            self.tree.set(leaves, np.full(len(leaves), self.max_priority))
+            self._tree.set(leaves, np.full(len(leaves), self.max_priority))
 
     def _apply_residency(self) -> None:
         """Windowed mode: keep in the tree only the segments draws may come from (open or
@@ -197,18 +231,18 @@ class PrioritizedSampler(TransitionSampler):
         self._res_key = key
         include = res.include()
         parked = np.isin(snap.segment_ids, np.fromiter(self._parked, np.int64))
-        R = self.R
+        R = self._R
         for k in np.flatnonzero(include == parked).tolist():  # only the segments that changed side
             sid, b = int(snap.segment_ids[k]), int(self._base[k])
             if include[k]:
-                self.tree.set(np.arange(b, b + R), self._parked.pop(sid))
+                self._tree.set(np.arange(b, b + R), self._parked.pop(sid))
             else:
-                self._parked[sid] = self.tree.leaves()[b : b + R].copy()
-                self.tree.fill(b, b + R, 0.0)
+                self._parked[sid] = self._tree.leaves()[b : b + R].copy()
+                self._tree.fill(b, b + R, 0.0)
 
     def _update_parked(self, ids: np.ndarray, td: np.ndarray) -> np.ndarray:
         """Store the priorities of parked rows; returns the mask of ids that were not parked."""
-        sid = ids // self.R
+        sid = ids // self._R
         parked = np.isin(sid, np.fromiter(self._parked, np.int64))
         if not parked.any():
             return ~parked
@@ -216,9 +250,9 @@ class PrioritizedSampler(TransitionSampler):
         pid, ptd = ids[parked][::-1], td[parked][::-1]
         pid, first = np.unique(pid, return_index=True)  # the last occurrence of each id wins
         values = (np.abs(ptd[first]) + self.eps) ** self.alpha
-        for s in np.unique(pid // self.R).tolist():
-            sel = pid // self.R == s
-            slot = pid[sel] - s * self.R
+        for s in np.unique(pid // self._R).tolist():
+            sel = pid // self._R == s
+            slot = pid[sel] - s * self._R
             k = int(np.searchsorted(snap.segment_ids, s))
             keep = slot < snap.committed[k]
             self._parked[s][slot[keep]] = values[sel][keep]
@@ -228,7 +262,7 @@ class PrioritizedSampler(TransitionSampler):
 
     def _leaves(self, k: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Stored ``p^alpha`` of rows at snapshot locations (parked or in the tree)."""
-        out = self.tree.get(self._base[k] + slot)
+        out = self._tree.get(self._base[k] + slot)
         if self._parked:
             sids = self.store.reader.snapshot.segment_ids[k]
             for j in np.flatnonzero(np.isin(sids, np.fromiter(self._parked, np.int64))):
@@ -244,7 +278,7 @@ class PrioritizedSampler(TransitionSampler):
         self._prepare()
         self._sync()
         self._apply_residency()
-        if self.tree.total <= 0:
+        if self._tree.total <= 0:
             raise EmptyStoreError(f"{self.store.path} has no sampleable transition yet")
         reader = self.store.reader
         if self._fetcher is not None:
@@ -268,12 +302,12 @@ class PrioritizedSampler(TransitionSampler):
 
     def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Stratified draws from the tree: snapshot locations, ids and importance weights."""
-        tr = self.tree
+        tr = self._tree
         k = np.empty(batch_size, np.int64)
         slot = np.empty(batch_size, np.int64)
         ids = np.empty(batch_size, np.int64)
         weights = np.empty(batch_size, np.float32)
-        self._k.sample_rows(tr.sums, tr.mins, tr.offs, tr.depth, self._state, self.R, self._slot_to_k,
+        self._k.sample_rows(tr.sums, tr.mins, tr.offs, tr.depth, self._state, self._R, self._slot_to_k,
                             self.store.reader.snapshot.segment_ids, self.beta, k, slot, ids, weights)
         return k, slot, ids, weights
 
@@ -316,9 +350,9 @@ class PrioritizedSampler(TransitionSampler):
             keep = self._update_parked(ids, td) if np.isfinite(td).all() else np.ones(len(ids), np.bool_)
             ids, td = ids[keep], td[keep]
         snap = self.store.reader.snapshot
-        tr = self.tree
+        tr = self._tree
         top = self._k.update_rows(tr.sums, tr.mins, tr.offs, tr.depth, ids, td, snap.segment_ids, self._base, snap.committed,
-                          self.R, self.eps, self.alpha)
+                          self._R, self.eps, self.alpha)
         if top < 0:
             raise ValueError("`td_errors` must be finite (nothing was updated)")
         self.max_priority = max(self.max_priority, top)
@@ -342,7 +376,7 @@ class PrioritizedSampler(TransitionSampler):
         for k, sid in enumerate(snap.segment_ids.tolist()):
             b, n = int(self._base[k]), int(snap.committed[k])
             parked = self._parked.get(sid)
-            arrays[str(sid)] = parked[:n] if parked is not None else self.tree.leaves()[b : b + n]
+            arrays[str(sid)] = parked[:n] if parked is not None else self._tree.leaves()[b : b + n]
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         try:
@@ -377,5 +411,5 @@ class PrioritizedSampler(TransitionSampler):
                     parked[:n][keep] = saved[:n][keep]
                     continue
                 leaves = self._base[k] + np.arange(n)
-                keep = self.tree.get(leaves) > 0  # only rows that can be sampled now
-                self.tree.set(leaves[keep], saved[:n][keep])
+                keep = self._tree.get(leaves) > 0  # only rows that can be sampled now
+                self._tree.set(leaves[keep], saved[:n][keep])

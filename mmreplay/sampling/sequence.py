@@ -51,17 +51,28 @@ class SequenceBatch:
 class SequenceSampler:
     """Uniform windows of ``burn_in + length`` consecutive rows of one lane (see module doc)."""
 
+    length: int
+    """Rows of a window after its burn-in."""
+    burn_in: int
+    """Leading rows of a window meant only to warm up a recurrent state."""
+    stride: int
+    """Windows start only at rows whose position in their lane is a multiple of ``stride``."""
+
     def __init__(self, store: ReplayStore, length: int, *, burn_in: int = 0, stride: int = 1,
                  seed: int | None = None, refresh_interval_s: float | None = 1.0) -> None:
         if length < 1 or burn_in < 0 or stride < 1:
             raise ValueError("`length` and `stride` must be >= 1 and `burn_in` >= 0")
         store.schema.require_transition_fields()  # as before: windows hold whole steps
         self.store = store
+        """The store sampled."""
         self.refresh_interval_s = refresh_interval_s
+        """How often ``sample`` looks for rows other processes published (``None``: never by itself)."""
         self.rng = np.random.default_rng(seed)
+        """The sampler's generator (seeded with ``seed``): it seeds the compiled kernels' own."""
         self._state = kernel_state(self.rng)  # the compiled kernels' generator, seeded from ``rng``
         self.length, self.burn_in, self.stride = int(length), int(burn_in), int(stride)
         self.total = self.length + self.burn_in
+        """Rows of a window: ``burn_in + length`` (``T`` of a ``SequenceBatch``)."""
         lay = store.layout
         rows, self._where, off = [], [], 0
         for f in store.schema.fields:

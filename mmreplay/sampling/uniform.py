@@ -60,6 +60,19 @@ class TransitionSampler:
     tier options (``mode``, see the module docstring), and turning the gathered bytes into a
     ``TransitionBatch``. Subclasses choose the rows."""
 
+    n_step: int
+    """Rows a transition spans for its return: ``reward`` is the discounted return over up to this many."""
+    gamma: float
+    """The discount of the n-step return (and of ``discount``)."""
+    frame_stack: int
+    """Frames per observation (1: single frames)."""
+    mode: Mode
+    """The storage tier: ``"exact"`` or ``"windowed"`` (see the module docstring)."""
+    cache_bytes: int | None
+    """The RAM bound of the storage tier (see ``UniformSampler``), or ``None``."""
+    prefetch_batches: int
+    """``"exact"``: batches drawn ahead and fetched in the background (0: none)."""
+
     def __init__(self, store: ReplayStore, *, seed: int | None = None, refresh_interval_s: float | None = 1.0,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: int = 1, mode: Mode = "exact",
                  cache_bytes: int | None = None, prefetch_batches: int = 0,
@@ -82,11 +95,17 @@ class TransitionSampler:
         self.n_step, self.gamma, self.frame_stack = int(n_step), float(gamma), int(frame_stack)
         self._span = TransitionView(self.n_step, self.gamma, self.frame_stack)
         self.windowed = self._span.windowed
+        """Whether a transition spans several rows (``n_step`` > 1 or ``frame_stack`` > 1): gathered by the
+        window kernels (``mmreplay.sampling.window_kernels``). Not ``mode="windowed"``."""
         if self.windowed and store.schema["reward"].dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise SchemaError(f"n-step returns need a float32 or float64 `reward`, got {store.schema['reward'].dtype}")
         self.store = store
+        """The store sampled."""
         self.rng = np.random.default_rng(seed)
+        """The sampler's generator (seeded with ``seed``): it seeds the compiled kernels' own, so a seed
+        fixes the batches; ``random_state()`` / ``set_random_state()`` save and restore both."""
         self.refresh_interval_s = refresh_interval_s
+        """How often ``sample`` looks for rows other processes published (``None``: never by itself)."""
         self._plans: dict[Any, Any] = {}
         self._out: np.ndarray | None = None  # set by fill(): gather into the caller's buffer
         self._state = kernel_state(self.rng)  # the compiled kernels' generator, seeded from ``rng``
@@ -372,7 +391,7 @@ class UniformSampler(TransitionSampler):
         How often to look for segments written by other processes; ``None`` never refreshes
         automatically (call ``store.refresh()`` yourself).
     n_step, gamma
-        n-step returns (see ``window_kernels.py``): ``reward`` is the discounted return over up to
+        n-step returns (see ``mmreplay.sampling.window_kernels``): ``reward`` is the discounted return over up to
         ``n_step`` rows, ``next_obs`` the observation to bootstrap from and ``discount`` its
         factor. Starts whose lookahead is not written yet are not drawn.
     frame_stack
@@ -402,6 +421,27 @@ class UniformSampler(TransitionSampler):
 
     Call ``TransitionSampler.close()`` (or use ``with``) to stop the background threads and free the resident
     set's RAM before the store is closed; ``TransitionSampler.tier_stats()`` reports what the tiers hold.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> import mmreplay
+    >>> store = mmreplay.create_store(tempfile.mkdtemp() + "/replay", mmreplay.Schema.transition(obs_shape=(4,)),
+    ...                               capacity=10_000)
+    >>> with store.writer(lanes=1) as w:  # 100 steps of one lane at once: leading shape (T, lanes)
+    ...     w.add_batch(obs=np.arange(400, dtype=np.float32).reshape(100, 1, 4), action=np.zeros((100, 1), np.int64),
+    ...                 reward=np.ones((100, 1), np.float32), terminated=np.zeros((100, 1), bool),
+    ...                 truncated=np.zeros((100, 1), bool))
+    >>> batch = mmreplay.UniformSampler(store, seed=0).sample(32)  # numpy arrays
+    >>> batch.obs.shape, batch.action.shape, batch.next_obs.shape, batch.weights
+    ((32, 4), (32,), (32, 4), None)
+    >>> bool((batch.next_obs == batch.obs + 4).all())  # next_obs: the lane's next row
+    True
+    >>> batch = mmreplay.UniformSampler(store, seed=0, n_step=3, gamma=0.9).sample(32)
+    >>> bool(np.allclose(batch.reward, 1 + 0.9 + 0.81)), bool(np.allclose(batch.discount, 0.9 ** 3))
+    (True, True)
+    >>> store.close()
     """
 
     def _sample_raw(self, batch_size: int) -> tuple[TransitionPlan, np.ndarray, np.ndarray]:

@@ -61,13 +61,17 @@ class FieldStats:
     field's shape)."""
 
     field: str
+    """The field, as given to ``field_stats`` (``"obs"``, ``"obs/key"``, ``"action"``...)."""
     count: int
     """Rows counted."""
     mean: np.ndarray
+    """Mean of each element."""
     std: np.ndarray
     """Population standard deviation (numpy's ``std(ddof=0)``)."""
     min: np.ndarray
+    """Smallest value of each element."""
     max: np.ndarray
+    """Largest value of each element."""
     key: str
     """What the statistics depend on (see the module docstring): a changed key recomputes them."""
 

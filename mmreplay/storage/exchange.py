@@ -87,8 +87,11 @@ class Ingest:
         if store.mode != "a":
             raise ReadOnlyStoreError(f"{store.path} was opened with mode='r'; bringing rows in needs mode='a'")
         self.store = store
+        """The store the rows go into."""
         self.files = store.files
+        """The store's files and the protocol over them (``ReplayStore.files``)."""
         self.writer_id = -1
+        """The writer id claimed for the sessions it builds (``claim=True``), else -1."""
         self._locks: list[FileLock] = []
         try:
             if gate:
@@ -223,16 +226,21 @@ class SessionIngest:
         if lanes < 1 or lanes > store.segment_records:
             raise ValueError(f"`lanes` must be in [1, {store.segment_records}], got {lanes}")
         self.store = store
+        """The store the rows go into."""
         self.lanes = int(lanes)
-        self.usable = store.segment_records // self.lanes * self.lanes
-        self.epoch = secrets.randbits(63) | 1
+        """Lanes of the session: rows come ``lanes`` at a time, interleaved."""
+        self._usable = store.segment_records // self.lanes * self.lanes
+        self._epoch = secrets.randbits(63) | 1
         self.rows_written = 0
+        """Rows written into sealed segments so far."""
         self.segments_written = 0
+        """Segments written so far."""
         self._chain = 0
         self._parts: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
         self._pending = 0
         self._ingest = Ingest(store)
         self.writer_id = self._ingest.writer_id
+        """The writer id the session's segments carry (claimed by its ``Ingest``)."""
         self._closed = False
 
     def append(self, fields: Mapping[str, Any], is_last: np.ndarray) -> None:
@@ -248,8 +256,8 @@ class SessionIngest:
             return
         self._parts.append((arrays, is_last))
         self._pending += n
-        while self._pending >= self.usable:
-            self._flush(self.usable)
+        while self._pending >= self._usable:
+            self._flush(self._usable)
 
     def _take(self, k: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The first ``k`` queued rows, concatenated (the rest stay queued)."""
@@ -276,8 +284,8 @@ class SessionIngest:
         fields, is_last = self._take(k)
         ing = self._ingest
         ing.build(segment_id=ing.new_segment_id(), writer_id=self.writer_id, lanes=self.lanes,
-                  session_epoch=self.epoch, chain_index=self._chain, first_seq=self._chain * self.usable,
-                  usable_records=self.usable, fields=fields, is_last=is_last)
+                  session_epoch=self._epoch, chain_index=self._chain, first_seq=self._chain * self._usable,
+                  usable_records=self._usable, fields=fields, is_last=is_last)
         self._chain += 1
         self.rows_written += k
         self.segments_written += 1

@@ -54,8 +54,11 @@ FORMAT_VERSION = 2  # what new segments are written as
 READ_VERSIONS = (1, 2)  # what this mmreplay reads
 SEQ_MASK = 0xFFFFFFFF  # format 2: the seq bits of a stamp's ``seq`` field (the digest is above them)
 PAGE_SIZE = 4096
+"""Bytes of a page: the header fills page 0, the control slots page 1; the stamp column is aligned to it."""
 CONTROL_OFFSET = PAGE_SIZE
+"""File offset of the two control slots (page 1)."""
 CONTROL_SLOT_SIZE = 64
+"""Bytes of one control slot."""
 DATA_OFFSET = 2 * PAGE_SIZE
 
 STATE_OPEN = 1
@@ -73,6 +76,7 @@ STAMP_DTYPE = np.dtype([("seq", "<u8"), ("crc", "<u4"), ("glen", "<u4")])
 _HEADER = struct.Struct("<8sII16sQIIQQQQIIQQ")
 _HEADER_CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
+"""Bytes of the header at the start of page 0, its crc32c included."""
 _CONTROL = struct.Struct("<QQQII24x")
 _CONTROL_CRC = struct.Struct("<I4x")
 _SEED = struct.Struct("<16sQQQQQ")
@@ -204,18 +208,32 @@ class Header:
     schema hash, sizes and creation time; its crc32c guards it."""
 
     store_uuid: bytes
+    """The 16 bytes of the store's uuid: a segment of another store is foreign."""
     segment_id: int
+    """The segment's id in the store (ids grow as segments are made)."""
     writer_id: int
+    """The id of the writer session that made it."""
     lanes: int
+    """The lanes of that session, interleaved row by row (1 for a lane segment)."""
     session_epoch: int
+    """The random number naming the writer session (a chain of segments) the segment belongs to."""
     chain_index: int
+    """The segment's place in its session: 0 for the first."""
     first_seq: int
+    """The writer-session row number of the segment's slot 0."""
     schema_hash: int
+    """``Schema.hash`` of the store's schema."""
     segment_records: int
+    """Rows the file's layout has room for (the store's ``segment_records``)."""
     usable_records: int
+    """Rows the segment takes, at most ``segment_records`` (a writer's segments: ``segment_records``
+    rounded down to a multiple of ``lanes``)."""
     file_size: int
+    """The file's size in bytes (``Layout.file_size``)."""
     created_ns: int
+    """When the segment was made (ns since the epoch)."""
     format_version: int = FORMAT_VERSION
+    """The segment format it is written in (``FORMAT_VERSION``; ``READ_VERSIONS`` are read)."""
 
     def pack(self) -> bytes:
         """The header's bytes, its crc32c last."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..core.schema import Schema
 
 MANIFEST = "STORE.json"
+"""The manifest's file name in a store's directory (its copy: ``STORE.copy.json``)."""
 MANIFEST_COPY = "STORE.copy.json"
 COUNTERS = "counters.bin"
 STORE_MAGIC = "mmreplay-store"

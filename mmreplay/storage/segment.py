@@ -79,16 +79,27 @@ class SegmentInfo:
     """One segment of a store as its header and control page say."""
 
     name: str
+    """The file name in ``segments/`` (``parse_segment_name`` reads the ids back)."""
     segment_id: int
+    """The segment's id in the store."""
     writer_id: int
+    """The id of the writer session that made it."""
     lanes: int
+    """The lanes of that session, interleaved row by row (1 for a lane segment)."""
     session_epoch: int
+    """The random number naming the writer session the segment belongs to."""
     chain_index: int
+    """The segment's place in its session: 0 for the first."""
     first_seq: int
+    """The writer-session row number of the segment's slot 0."""
     usable_records: int
+    """Rows the segment can hold."""
     committed: int
+    """Rows committed (published) in it."""
     sealed: bool
+    """Whether it is sealed (immutable); otherwise a writer may still append."""
     created_ns: int
+    """When it was made (ns since the epoch)."""
 
 
 def segment_info(name: str, header: Header, committed: int, sealed: bool) -> SegmentInfo:

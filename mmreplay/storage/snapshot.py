@@ -16,15 +16,40 @@ from functools import lru_cache
 
 import numpy as np
 
-# columns of the segment table (one row per snapshot segment), the compiled kernels' view of a snapshot
-SEG_CUM_END, SEG_COMMITTED, SEG_USABLE, SEG_LANES, SEG_SUCC, SEG_BASE, SEG_ID, SEG_PRED, SEG_FIRST = range(9)
+# columns of the segment table (``StoreReader.segment_table()``: one int64 row per snapshot segment, in
+# the snapshot's order), the compiled kernels' view of a snapshot
+SEG_CUM_END = 0
+"""Segment-table column: committed rows of this segment and every earlier one (``Snapshot.cum_end``)."""
+SEG_COMMITTED = 1
+"""Segment-table column: the segment's committed rows (``Snapshot.committed``)."""
+SEG_USABLE = 2
+"""Segment-table column: the rows the segment can hold (``Snapshot.usable``)."""
+SEG_LANES = 3
+"""Segment-table column: the lanes of the segment's writer session (``Snapshot.lanes``)."""
+SEG_SUCC = 4
+"""Segment-table column: the index of the session's next segment, or -1 (``Snapshot.succ``)."""
+SEG_BASE = 5
+"""Segment-table column: the byte offset of the segment's first record in the reader's mapped region."""
+SEG_ID = 6
+"""Segment-table column: the segment id (``Snapshot.segment_ids``)."""
+SEG_PRED = 7
+"""Segment-table column: the index of the session's previous segment, -1 or ``PRED_GONE`` (``Snapshot.pred``)."""
+SEG_FIRST = 8
+"""Segment-table column: the writer-session row number of the segment's slot 0 (``Snapshot.first_seq``)."""
 # the draw index: bucket b (rows [b << shift, (b + 1) << shift) of the cumulative order) starts in
 # the segment at row b // SEG_NBUCKETS, column SEG_BUCKET + b % SEG_NBUCKETS; every row holds shift
-SEG_SHIFT, SEG_BUCKET, SEG_NBUCKETS = 9, 10, 4
+SEG_SHIFT = 9
+"""Segment-table column of the draw index (``index_draws``): log2 of the rows per bucket (the same in every row)."""
+SEG_BUCKET = 10
+"""Segment-table column of the draw index: the first of ``SEG_NBUCKETS`` columns, each the index of the
+segment a bucket of rows starts in."""
+SEG_NBUCKETS = 4
+"""Draw-index buckets per segment-table row."""
 PRED_GONE = -2
 """``SEG_PRED`` (and ``Snapshot.pred``) of a segment whose session had an earlier segment that is
 not in the snapshot (evicted, quarantined, not checked yet); -1 means the session starts here."""
 SEG_COLS = SEG_BUCKET + SEG_NBUCKETS
+"""Columns of the segment table."""
 
 
 def index_draws(t: np.ndarray) -> np.ndarray:
@@ -72,10 +97,15 @@ class Snapshot:
     """Arrays describing the live segments in segment-id order (index ``k``)."""
 
     segment_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Segment id of each segment (ascending)."""
     windows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The window (slot of the reader's mapped address region) each segment is mapped at."""
     committed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Committed (published) rows of each segment."""
     usable: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Rows each segment can hold."""
     lanes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Lanes of each segment's writer session: a lane's next row is ``lanes`` rows further on."""
     succ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Index of the next segment of the same writer session, or -1."""
     pred: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -84,6 +114,8 @@ class Snapshot:
     first_seq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Writer-session row number of each segment's slot 0."""
     cum_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Cumulative committed rows: segment ``k`` holds rows ``[cum_end[k] - committed[k], cum_end[k])``
+    of the snapshot's order (what a uniform draw indexes)."""
     sealed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
     """Whether each segment is sealed (immutable); the others are open (being written)."""
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..core.version import __version__
-from .format import MASKED, STATE_SEALED
+from .format import MASKED, STATE_SEALED, Layout
 from ..core.fs import atomic_write, fsync_dir, writable_error
 from ..core.errors import (
     ReadOnlyStoreError,
@@ -89,6 +89,24 @@ def create_store(
         Writers expected to append at once: it only sizes the default segments.
     metadata
         JSON-serialisable facts about the data (env id, policy, seeds), kept in the manifest.
+
+    Example
+    -------
+    A store of CartPole-sized rows, written by a writer with two lanes (two env copies):
+
+    >>> import tempfile
+    >>> import numpy as np
+    >>> import mmreplay
+    >>> path = tempfile.mkdtemp() + "/replay"  # a path that does not exist yet
+    >>> schema = mmreplay.Schema.transition(obs_shape=(4,))  # obs float32 (4,), action int64
+    >>> store = mmreplay.create_store(path, schema, capacity=10_000)
+    >>> with store.writer(lanes=2) as w:
+    ...     for t in range(100):
+    ...         w.add(obs=np.full((2, 4), t, np.float32), action=np.zeros(2, np.int64),
+    ...               reward=np.ones(2, np.float32), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool))
+    >>> store.num_rows, len(store.transition_ids())  # a lane's last row starts no transition yet
+    (200, 198)
+    >>> store.close()
     """
     p = Path(path)
     if not isinstance(schema, Schema):
@@ -156,6 +174,22 @@ def open_store(
     ``"off"`` (default) serves them as their writer published them; ``"strict"`` checks each one's
     stamp and crc32c before it becomes visible and raises ``CorruptSegmentError`` on a mismatch;
     ``"salvage"`` leaves the damaged rows (and the rest of their segment) out.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> import mmreplay
+    >>> path = tempfile.mkdtemp() + "/replay"
+    >>> mmreplay.create_store(path, mmreplay.Schema.transition(obs_shape=(4,)), capacity=10_000).close()
+    >>> store = mmreplay.open_store(path)  # "r": read, in any process, while writers append
+    >>> store.schema.names, store.num_rows
+    (('obs', 'action', 'reward', 'terminated', 'truncated'), 0)
+    >>> store.close()
+    >>> with mmreplay.open_store(path, mode="a") as store:  # "a": write too
+    ...     with store.writer(cast="same_kind") as w:  # lists of Python floats: float64, cast to float32
+    ...         w.add(obs=[[0.0, 0, 0, 0]], action=[1], reward=[1.0], terminated=[False], truncated=[False])
+    ...     store.num_rows
+    1
     """
     for name, value, allowed in (("verify", verify, ("off", "strict", "salvage")), ("mode", mode, ("r", "a")),
                                  ("on_corrupt", on_corrupt, ("raise", "skip"))):
@@ -169,13 +203,33 @@ class ReplayStore:
 
     Reading: :meth:`refresh` picks up what writers published; samplers draw row ids and
     :meth:`transitions` turns them into batches. Writing: :meth:`writer` opens a writer
-    session with its own lanes and segments. Not to be used after ``fork()``.
+    session with its own lanes and segments. Not to be used after ``fork()``. Its attributes are
+    to read, not to set: the manifest fixes most of them at creation.
     """
+
+    manifest: dict[str, Any]
+    """The manifest (``STORE.json``) as read at open."""
+    schema: Schema
+    """The fields of a row."""
+    store_uuid: str
+    """The store's identity, written in every segment header."""
+    layout: Layout
+    """The segment file layout (offsets and strides of every column; ``mmreplay.storage.format``)."""
+    segment_records: int
+    """Rows per segment file."""
+    capacity: int
+    """Rows kept once full (see ``create_store``)."""
+    on_full: OnFull
+    """``"evict"`` or ``"error"``: what a writer does when a new segment would pass ``capacity``."""
+    metadata: dict[str, Any]
+    """The facts about the data given at creation (``create_store(metadata=)``)."""
 
     def __init__(self, path: Path, mode: Literal["r", "a"], *, on_corrupt: Literal["raise", "skip"] = "skip",
                  verify: Literal["off", "strict", "salvage"] = "off", check_at_open: bool | None = None) -> None:
         self.path = path
+        """The store's directory."""
         self.mode = mode
+        """``"r"`` (read only) or ``"a"`` (read and write)."""
         m, damaged = load_manifest(path)
         if damaged and MANIFEST in damaged:
             log.warning("%s is %s: its copy %s is used (a writable open or `mmreplay verify --repair` writes it "
@@ -193,6 +247,7 @@ class ReplayStore:
         self.segment_records, self.capacity, self.on_full, self.metadata = (f.segment_records, f.capacity,
                                                                            f.on_full, f.metadata)
         self.segments_dir = f.segments_dir
+        """The directory of the segment files (``<path>/segments``)."""
         self._pid = os.getpid()
         self._writers: list[Writer] = []
         self.recovery_report: Any = None
@@ -211,6 +266,8 @@ class ReplayStore:
         self.reader = StoreReader(self.segments_dir, self.layout, self.store_uuid, self.schema.hash,
                                   initial_windows=min(windows, max(16, (1 << 44) // self.layout.file_size)),
                                   on_corrupt=on_corrupt, verify=verify, checker=checker)
+        """This process's view of the segments (``mmreplay.storage.reader.StoreReader``): the snapshot,
+        the row gathers and the checks the samplers use; ``None`` once the store is closed."""
         self._dirty = False  # a writer of this handle published rows
         self._need_scan = False  # a writer of this handle made a segment
         # a writable handle checks sealed segments it has not seen written at its first refresh,

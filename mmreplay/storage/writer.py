@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .files import StoreFiles
 
 Durability = Literal["process", "segment", "batch"]
+"""The writer's ``durability=`` levels (see the module docstring)."""
 _DONE, _NOT_DONE = np.ones(1, np.bool_), np.zeros(1, np.bool_)  # a single lane's last step done or not
 _DONE.flags.writeable = _NOT_DONE.flags.writeable = False
 _PID = [os.getpid()]  # this process's pid, kept current by an at-fork hook (no syscall per add)
@@ -118,6 +119,10 @@ class Writer:
             w.close(last_obs=obs)
     """
 
+    writer_id: int
+    """The writer id this session holds (no other live session of the store has it); segment files
+    carry it in their names."""
+
     def __init__(
         self,
         store: StoreFiles,
@@ -134,18 +139,25 @@ class Writer:
     ) -> None:
         if lane_segments not in (None, True, False):
             raise ValueError(f"`lane_segments` must be True, False or None (the default's choice), got {lane_segments!r}")
-        self.files = store
-        self.hooks = hooks or WriterHooks()
+        self._files = store
+        self._hooks = hooks or WriterHooks()
         self.lanes = int(lanes)
+        """Parallel environments: every field of an ``add`` has leading dimension ``lanes``."""
         self.durability = durability
-        self.cast, self.nonfinite = cast, nonfinite
+        """What survives a crash, and when rows are synced (see the module docstring)."""
+        self.cast = cast
+        """How field dtypes are cast to the schema's (``"no"``, ``"safe"``, ``"same_kind"``)."""
+        self.nonfinite = nonfinite
+        """What a NaN or infinity in a float field does: ``"error"``, ``"warn"`` or ``"allow"``."""
         self.schema = store.schema
-        self.layout = store.layout
+        """The store's schema: the fields an ``add`` takes."""
+        self._layout = store.layout
         self.lane_segments = self.lanes > 1 and (use_lane_segments(store, self.lanes) if lane_segments is None
                                                  else bool(lane_segments))
+        """Whether each lane writes segments of its own (``ReplayStore.writer(lane_segments=)``)."""
         # segments written at once, and lanes in each: (1, lanes), or (lanes, 1) with lane segments
         self._chains, seg_lanes = (self.lanes, 1) if self.lane_segments else (1, self.lanes)
-        self.usable = store.segment_records // seg_lanes * seg_lanes  # rows a segment takes
+        self._usable = store.segment_records // seg_lanes * seg_lanes  # rows a segment takes
         self._pid = os.getpid()
         self._admin = store.lock(ADMIN)
         if not self._admin.acquire(exclusive=False):
@@ -161,12 +173,13 @@ class Writer:
         except BaseException:
             self._release_locks()
             raise
-        self.epoch = secrets.randbits(63) | 1
+        self._epoch = secrets.randbits(63) | 1
         self.rows_written = 0
+        """Rows this session has published so far (every lane; final observations included)."""
         # each chain is a session of its own to readers and recovery (its own epoch)
-        epochs = [self.epoch, *(secrets.randbits(63) | 1 for _ in range(self._chains - 1))]
-        self._supply = SegmentSupply(store, self.writer_id, seg_lanes, self.usable, epochs, durability,
-                                     self.hooks.sealed, self.hooks.damaged)
+        epochs = [self._epoch, *(secrets.randbits(63) | 1 for _ in range(self._chains - 1))]
+        self._supply = SegmentSupply(store, self.writer_id, seg_lanes, self._usable, epochs, durability,
+                                     self._hooks.sealed, self._hooks.damaged)
         self._segs: tuple[Segment, ...] = ()  # the open segment of each chain (none before the first roll)
         self._n = 0  # rows written to each open segment (the chains move in step)
         self._synced = 0
@@ -179,7 +192,7 @@ class Writer:
         self._pub = 0  # published rows of the current segment
         self._staged_at = 0.0  # when the oldest unpublished row was written; 0.0: none
         self._pub_rows = 1 if durability == "batch" else int(publish_rows)
-        self.publish_interval_s = float(publish_interval_s)
+        self._publish_interval_s = float(publish_interval_s)
         self._stop = threading.Event()
         self._wake = threading.Event()  # set while rows wait for the publisher (under the mutex)
         self._publisher: threading.Thread | None = None
@@ -188,11 +201,11 @@ class Writer:
                                                name=f"mmreplay-publish-w{self.writer_id}")
             self._publisher.start()
         # a step as it usually comes (exact dtypes, shapes, finite floats) is checked without copies
-        self._steps = StepSpec(self.schema, self.layout, self.lanes, nonfinite)
+        self._steps = StepSpec(self.schema, self._layout, self.lanes, nonfinite)
         self._row_bytes = self._steps.row_bytes if self._has_done else None  # single-lane rows: _add_row
         self._term_at, self._trunc_at = self._steps.row_done if self._row_bytes else (0, 0)
-        self._rec0, self._rec_bytes = self.layout.records_offset, self.layout.record_bytes
-        self._zero_record = np.zeros((), self.layout.record_dtype)
+        self._rec0, self._rec_bytes = self._layout.records_offset, self._layout.record_bytes
+        self._zero_record = np.zeros((), self._layout.record_dtype)
         atexit.register(self._atexit)
         try:  # the first segment is made now, the next ones as the previous is taken (segment_supply.py)
             with self._mutex:  # once this one is half full (a short session never makes a spare)
@@ -279,7 +292,7 @@ class Writer:
                     if self._n == 0:
                         self._supply.discard(self._segs)  # never written: leave no empty segment
                     else:
-                        if self._n < self.usable:
+                        if self._n < self._usable:
                             for seg in self._segs:
                                 seg.seal(self._n)
                         self._supply.retire(self._segs)
@@ -293,7 +306,7 @@ class Writer:
             self._closed = True
             atexit.unregister(self._atexit)
             self._release_locks()
-            self.hooks.closed(self)
+            self._hooks.closed(self)
 
     def __enter__(self) -> Writer:
         return self
@@ -310,7 +323,7 @@ class Writer:
     @property
     def last_row_id(self) -> int:
         """Global row id of the newest row written (the last lane's row of the newest step); -1 if none."""
-        return -1 if not self._segs or self._n == 0 else self._segs[-1].header.segment_id * self.layout.segment_records + self._n - 1
+        return -1 if not self._segs or self._n == 0 else self._segs[-1].header.segment_id * self._layout.segment_records + self._n - 1
 
     @property
     def last_step_ids(self) -> np.ndarray:
@@ -318,7 +331,7 @@ class Writer:
         out = np.full(self.lanes, -1, np.int64)
         if not self._segs or self._n == 0:
             return out
-        R = self.layout.segment_records
+        R = self._layout.segment_records
         if self._chains == 1:
             seg = self._segs[0]
             return seg.header.segment_id * R + self._n - self.lanes + np.arange(self.lanes, dtype=np.int64)
@@ -359,7 +372,7 @@ class Writer:
             return False
         with self._mutex:
             seg, n, pd = self._segs[0] if self._segs else None, self._n, self._prev_done  # pd: _DONE / _NOT_DONE, an array after the general path
-            if (seg is None or n >= self.usable  # (a roll first: the general path)
+            if (seg is None or n >= self._usable  # (a roll first: the general path)
                     or (rec := self._row_bytes(data, b"\x00" if pd is _NOT_DONE or (pd is not _DONE and not pd[0])
                                                else b"\x01")) is None):
                 return False
@@ -384,7 +397,7 @@ class Writer:
         # a step that fits the open segment is copied first and its float runs checked in place
         # (one reduction per run; unpublished and zeroed if one fails); others are checked first
         post = (step and L > 1 and self._chains == 1 and bool(self._steps.float_checks) and self._segs
-                and self._n + L <= self.usable)
+                and self._n + L <= self._usable)
         arrays = self._steps.exact(data, not post) if step else None
         if post and arrays is not None:
             with self._mutex:
@@ -446,9 +459,9 @@ class Writer:
         C = self._chains
         per = rows // C  # rows each chain takes
         # allocate every segment this batch needs, in every chain, before writing a byte of it
-        free = self.usable - self._n if self._segs else 0
+        free = self._usable - self._n if self._segs else 0
         if per > free:
-            self._supply.ensure(-(-(per - free) // self.usable))
+            self._supply.ensure(-(-(per - free) // self._usable))
         pos = 0
         # what each chain takes: all of it, or with lane segments lane c's rows (strided views)
         parts = ((flat, is_last),) if C == 1 else tuple(({name: x[c::C] for name, x in flat.items()}, is_last[c::C])
@@ -456,10 +469,10 @@ class Writer:
         try:
             while pos < per:
                 n = self._n
-                if not self._segs or n == self.usable:
+                if not self._segs or n == self._usable:
                     self._roll()
                     n = 0
-                k = per - pos if per - pos <= self.usable - n else self.usable - n
+                k = per - pos if per - pos <= self._usable - n else self._usable - n
                 whole = pos == 0 and k == per
                 for seg, (src, last) in zip(self._segs, parts):
                     cols = seg.columns  # (a single exact row took _add_row's one-copy path instead)
@@ -489,18 +502,18 @@ class Writer:
         # spare), then as soon as a segment is taken (a whole segment's time to make it); rows are
         # published first, so the eviction it runs counts every row written
         order_next = n >= self._order_at and self._supply.idle
-        if (order_next or n == self.usable or (n - self._pub) * self._chains >= self._pub_rows
-                or now - self._staged_at >= self.publish_interval_s):  # rows waited long enough
+        if (order_next or n == self._usable or (n - self._pub) * self._chains >= self._pub_rows
+                or now - self._staged_at >= self._publish_interval_s):  # rows waited long enough
             self._publish()
-            if n == self.usable:  # full: sealed now, so eviction and readers see it as immutable
+            if n == self._usable:  # full: sealed now, so eviction and readers see it as immutable
                 for seg in self._segs:
                     seg.seal(n)
         elif not self._wake.is_set():
             self._wake.set()  # the publisher publishes these rows if no add comes within the interval
         if order_next:
             self._supply.prefetch()
-            self._order_at = self.usable + 1  # ordered: the supply is busy until the next roll
-        self.hooks.published()
+            self._order_at = self._usable + 1  # ordered: the supply is busy until the next roll
+        self._hooks.published()
 
     def _publish(self) -> None:
         """Stamp rows ``[pub, n)`` of each open segment as one commit group and publish them
@@ -523,8 +536,8 @@ class Writer:
             self._supply.retire(self._segs)
         self._segs = nxt
         self._n = self._synced = self._pub = 0
-        self._order_at = 0 if nxt[0].header.chain_index > 0 else -(-self.usable // 2)
-        self.hooks.rolled()
+        self._order_at = 0 if nxt[0].header.chain_index > 0 else -(-self._usable // 2)
+        self._hooks.rolled()
 
     def _publisher_loop(self) -> None:
         """The publisher thread: publish rows left unpublished for ``publish_interval_s``, only ever
@@ -532,7 +545,7 @@ class Writer:
         ``_wake`` here cannot lose the signal). The thread sleeps until rows are
         staged (``_wake``), never on a timer: waking every few ms cost a CPU-bound actor loop ~10%
         (GIL handoffs; CartPole, ``python benchmarks/collect.py`` when this was written)."""
-        interval = self.publish_interval_s
+        interval = self._publish_interval_s
         while not self._stop.is_set():  # close() sets _stop, then _wake: a clear below cannot lose it
             self._wake.wait()
             if self._stop.is_set():

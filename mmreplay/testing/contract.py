@@ -69,8 +69,11 @@ class _Fixtures:
     """The episodes and the store every contract test starts from."""
 
     lanes = 3
+    """Lanes of the episodes the suite writes."""
     rows_per_lane = 40
+    """Rows each lane writes (``make_episodes(lanes, rows_per_lane)``)."""
     episode_seed = 0
+    """Seed of ``make_episodes``."""
     segment_records = 16
     """Rows per segment of the stores the suite creates: episodes cross segment boundaries."""
 
@@ -175,6 +178,7 @@ class _DrawContract(_Fixtures):
     draw distribution (uniform unless ``expected_p`` says otherwise)."""
 
     batches = 200
+    """Batches the distribution test draws."""
     batch_size = 1000
     """The distribution test draws ``batches * batch_size`` ids (about 2,000 per transition)."""
 
@@ -273,8 +277,12 @@ class SamplerContract(_DrawContract):
     """
 
     kind = "uniform"
+    """``"uniform"`` or ``"prioritized"``: which draw distribution the suite expects."""
     mode = "exact"
+    """The tier mode tested (informative: ``"exact"``, ``"prefetch"``, ``"windowed"``)."""
     alpha = 0.7
+    """``"prioritized"``: the ``alpha`` for ``make_sampler`` to make the sampler with (the suite checks
+    priorities against the sampler's own ``alpha``)."""
 
     def set_up_draws(self, sampler, store, ids):
         if self.kind == "uniform":
@@ -321,7 +329,9 @@ class SequenceSamplerContract(_DrawContract):
     """
 
     length = 3
+    """Rows of a window after its burn-in (the sampler must be made with it)."""
     burn_in = 2
+    """Burn-in rows of a window (the sampler must be made with it)."""
 
     def check_batch(self, store, batch):
         np.testing.assert_array_equal(batch.fields["obs"][:, 0], store.rows("obs", batch.ids))

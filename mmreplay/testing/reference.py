@@ -27,12 +27,19 @@ class Episode:
     """One episode of one lane: ``obs`` has ``T + 1`` rows, the other arrays ``T``."""
 
     index: int
+    """The episode's place in the list ``make_episodes`` returns."""
     lane: int
+    """The lane that writes it."""
     obs: np.ndarray
+    """``(T + 1, 4)`` float32: every observation, the final one last."""
     action: np.ndarray
+    """``(T,)`` int64."""
     reward: np.ndarray
+    """``(T,)`` float32."""
     terminated: np.ndarray
+    """``(T,)`` bool: True at the last step only, when the episode ended terminated."""
     truncated: np.ndarray
+    """``(T,)`` bool: True at the last step only, when the episode ended truncated."""
 
     @property
     def T(self) -> int:  # noqa: N802 - the usual name

@@ -29,7 +29,7 @@ class _Prioritized(SamplerContract):
     kind = "prioritized"
 
     def make_sampler(self, store, seed, **views):
-        return mmreplay.PrioritizedSampler(store, alpha=0.7, beta=0.5, seed=seed, **MODES[self.mode], **views)
+        return mmreplay.PrioritizedSampler(store, alpha=self.alpha, beta=0.5, seed=seed, **MODES[self.mode], **views)
 
 
 class TestUniformExact(_Uniform):

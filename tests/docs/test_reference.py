@@ -1,5 +1,6 @@
-"""The API reference builds (pdoc, ``make docs``) with a docstring on every public name, and every
-cross-reference in it resolves; the guide's pages name only files that exist."""
+"""The API reference builds (pdoc, ``make docs``) with a page for every module and a docstring on every
+public name and attribute, and every cross-reference in it resolves (and the check finds what it
+looks for); the guide's pages name only files that exist."""
 
 from __future__ import annotations
 
@@ -20,14 +21,76 @@ _spec.loader.exec_module(reference)
 
 def test_the_reference_builds_with_every_public_name_documented_and_every_reference_resolving(tmp_path):
     modules = reference.build(tmp_path)
+    # the modules of rooms with an ``__all__`` have pages too (pdoc alone walks no further than it)
     for name in ("mmreplay", "mmreplay.storage", "mmreplay.sampling", "mmreplay.archive", "mmreplay.stats",
-                 "mmreplay.loader"):
+                 "mmreplay.loader", "mmreplay.storage.writer", "mmreplay.sampling.window_kernels",
+                 "mmreplay.loader.batch_loader", "mmreplay.stats.fields", "mmreplay.actors.pool"):
         assert name in modules
         assert (tmp_path / (name.replace(".", "/") + ".html")).is_file()
     page = (tmp_path / "mmreplay.html").read_text()
     for public in ("UniformSampler", "BatchLoader", "open_archive", "SchemaError", "Writer"):
         assert f'id="{public}"' in page, f"{public} is not on the package's page"
+    # a room's page shows the docstring of a constant it re-exports (written where it is assigned)
+    assert "Segment-table column" in (tmp_path / "mmreplay" / "storage.html").read_text()
     assert reference.problems(tmp_path) == []
+
+    (tmp_path / "mmreplay" / "storage" / "writer.html").unlink()
+    assert reference.missing_pages(tmp_path) == ["no page: mmreplay.storage.writer"]
+
+
+class Planted:
+    """A class the attribute check must find fault with (it looks at what pdoc renders, and at ``__init__``)."""
+
+    documented: int = 0
+    """Documented."""
+    bare: int = 0
+
+    def __init__(self) -> None:
+        self.set_here = 1
+        self.described = 2
+        """Documented."""
+        self.pair, self._private = 3, 4
+        if self.set_here:
+            self.in_branch = 5
+        self._hidden = 6
+
+    @property
+    def prop(self) -> int:
+        return 1
+
+
+def test_the_attribute_check_finds_planted_undocumented_attributes():
+    import mmreplay.errors
+
+    found = reference.undocumented_attributes([("Planted", Planted)])
+    assert sorted(found) == sorted([
+        f"no docstring: {__name__}.Planted.bare",
+        f"no docstring: {__name__}.Planted.set_here",
+        f"no docstring: {__name__}.Planted.prop",
+        "attribute not rendered (declare it in the class body, with a docstring): Planted.pair",
+        "attribute not rendered (declare it in the class body, with a docstring): Planted.in_branch",
+    ])
+    # an exception's inherited ``args`` is not ours; the real public classes are clean
+    assert reference.undocumented_attributes([("SchemaError", mmreplay.errors.SchemaError)]) == []
+
+
+def test_the_constant_check_finds_a_planted_undocumented_constant(monkeypatch):
+    import mmreplay.stats
+
+    monkeypatch.setattr(mmreplay.stats, "PLANTED", 3, raising=False)
+    monkeypatch.setattr(mmreplay.stats, "__all__", [*mmreplay.stats.__all__, "PLANTED"])
+    assert reference.undocumented_constants(["mmreplay.stats"]) == ["no docstring: mmreplay.stats.PLANTED"]
+    # a re-exported constant is documented where it is assigned, and a room's page shows that
+    assert reference._assigned_docstring("mmreplay.storage", "MASKED").startswith("The ``is_last`` byte")
+    assert reference.undocumented_constants(["mmreplay.storage"]) == []
+
+
+def test_only_the_named_rooms_are_exempt():
+    # the train room is being reworked on another branch, which brings train and agent under the
+    # attribute and page checks; no other room may be exempt
+    assert reference.ROOMS_PENDING == {"train", "agent"}
+    assert reference.ROOMS_PENDING <= set(reference.ROOMS)
+    assert reference._pending("mmreplay.train.config") and not reference._pending("mmreplay.storage.writer")
 
 
 def test_the_check_finds_what_it_looks_for(tmp_path):
