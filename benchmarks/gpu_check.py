@@ -38,7 +38,7 @@ import torch
 import mmreplay
 from mmreplay.agent import network_spec
 from mmreplay.loader import TensorBatch
-from mmreplay.train import QLearner, config_for, with_settings
+from mmreplay.train import QLearner, config_for
 from mmreplay.train.algos.dqn import dqn_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
