@@ -36,11 +36,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("core", "storage", "sampling", "archive", "stats", "interop", "loader", "integrations", "agent",
          "actors", "cluster", "train", "testing")
-ROOMS_PENDING = frozenset({"train", "agent"})
-"""Rooms exempt, for now, from the attribute and page checks (their public functions, classes and
-methods are still checked, and their room pages still render): the train room, with the agent room
-it drives, is being reworked on another branch, which brings them under these checks when it lands."""
-
 UNDOCUMENTED_TODO = frozenset()
 
 
@@ -81,19 +76,12 @@ def build(out: Path) -> list[str]:
                           footer_text="mmreplay API reference")
     # every module by name: pdoc walks a package's modules only when it has no ``__all__``, so the
     # modules of the rooms that have one (storage, sampling, loader, ...) would get no page
-    rendered = [n for n in names if n.count(".") <= 1 or not _pending(n)]
     with warnings.catch_warnings():  # pdoc's notes on other libraries' annotations are not ours to fix
         warnings.simplefilter("ignore")
-        for name in rendered:
+        for name in names:
             _doc_module(name)  # re-exported constants carry their docstrings (before pdoc reads them)
-        pdoc.pdoc(*rendered, output_directory=Path(out))
-    return rendered
-
-
-def _pending(modname: str) -> bool:
-    """Whether ``modname`` lies in a room of ``ROOMS_PENDING``."""
-    parts = modname.split(".")
-    return len(parts) > 1 and parts[1] in ROOMS_PENDING
+        pdoc.pdoc(*names, output_directory=Path(out))
+    return names
 
 
 def _assigned_docstring(modname: str, name: str, depth: int = 0) -> str:
@@ -199,14 +187,14 @@ def missing_docstrings() -> list[str]:
 
 
 def undocumented_attributes(objects: Iterable[tuple[str, object]] | None = None) -> list[str]:
-    """Public attributes of the public classes (outside ``ROOMS_PENDING``; ``objects``: these
-    ``(name, object)`` pairs instead of :func:`public_objects`) with no docstring on their page, or
-    not rendered at all; see the module docstring for what counts."""
+    """Public attributes of the public classes (``objects``: these ``(name, object)`` pairs instead of
+    :func:`public_objects`) with no docstring on their page, or not rendered at all; see the module
+    docstring for what counts."""
     import pdoc.doc
 
     out = []
     for name, obj in public_objects() if objects is None else objects:
-        if not inspect.isclass(obj) or _pending(obj.__module__):
+        if not inspect.isclass(obj):
             continue
         doc = pdoc.doc.Class(obj.__module__, obj.__qualname__, obj, (obj.__module__, obj.__qualname__))
         with warnings.catch_warnings():  # pdoc's notes on other libraries' annotations, as in build()
@@ -226,12 +214,11 @@ def undocumented_attributes(objects: Iterable[tuple[str, object]] | None = None)
 
 def undocumented_constants(names: Iterable[str] | None = None) -> list[str]:
     """The constants and type aliases of the ``__all__`` lists that say what is public, in the
-    modules (outside ``ROOMS_PENDING``; ``names``: these modules instead of :func:`modules`) with
-    no docstring on their page."""
+    modules (``names``: these modules instead of :func:`modules`) with no docstring on their page."""
     out = []
     for modname in modules() if names is None else names:
         mod = importlib.import_module(modname)
-        if _pending(modname) or not _owns_public(modname):
+        if not _owns_public(modname):
             continue
         doc = _doc_module(modname)
         for attr in getattr(mod, "__all__", ()):
@@ -274,11 +261,9 @@ def _init_attributes(cls: type) -> set[str]:
 
 
 def missing_pages(out: Path) -> list[str]:
-    """Modules (outside ``ROOMS_PENDING``) with no page in ``out``, or with no docstring for its text."""
+    """Modules with no page in ``out``, or with no docstring for its text."""
     bad = []
     for modname in modules():
-        if _pending(modname):
-            continue
         if not (Path(out) / (modname.replace(".", "/") + ".html")).is_file():
             bad.append(f"no page: {modname}")
         if not (importlib.import_module(modname).__doc__ or "").strip():

@@ -94,11 +94,16 @@ class Actor(nn.Module):
         if spec.get("kind") != "actor":
             raise ValueError(f"not an actor spec: kind {spec.get('kind')!r}")
         self.spec = spec
+        """The actor's spec (:func:`actor_spec`): what a policy file records to rebuild it."""
         self.names = [o["name"] for o in spec["obs"]]
+        """The observation fields the actor reads, in the order it concatenates them."""
         features = sum(math.prod(o["shape"]) for o in spec["obs"])
         dim = int(spec["action_dim"])
         self.net = _mlp([features, *spec["hidden"], dim], nn.Tanh())
+        """The MLP from normalized features to unit actions (``tanh``)."""
         self.log_std = nn.Parameter(torch.zeros(dim)) if spec["gaussian"] else None
+        """The Gaussian actor's state-independent log standard deviation per action dimension; ``None``
+        for a deterministic actor."""
         self.register_buffer("obs_mean", torch.zeros(features))
         self.register_buffer("obs_std", torch.ones(features))
         low = torch.tensor(spec["action_low"], dtype=torch.float32)
@@ -153,7 +158,9 @@ class TwinCritic(nn.Module):
         super().__init__()
         sizes = [obs_dim + action_dim, *hidden, 1]
         self.weights = nn.ParameterList()
+        """Each layer's weights of both critics, stacked: ``(2, in, out)``."""
         self.biases = nn.ParameterList()
+        """Each layer's biases of both critics, stacked: ``(2, 1, out)``."""
         for a, b in zip(sizes[:-1], sizes[1:]):
             pair = [nn.Linear(a, b) for _ in range(2)]  # the default initialization of each critic
             self.weights.append(nn.Parameter(torch.stack([p.weight.detach().T for p in pair]).contiguous()))
@@ -185,6 +192,7 @@ class ValueNetwork(nn.Module):
     def __init__(self, obs_dim: int, hidden: tuple[int, ...] | list[int]) -> None:
         super().__init__()
         self.net = _mlp([obs_dim, *hidden, 1])
+        """The MLP from normalized features to ``V(s)``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)
@@ -196,18 +204,31 @@ class ContinuousPolicy:
     actions come out in."""
 
     continuous = True
+    """Always true: how the actors tell this policy from a discrete :class:`mmreplay.agent.Policy`
+    (``getattr(policy, "continuous", False)``)."""
     frame_stack = 1
+    """Frames per observation: 1 (an actor reads single observations)."""
 
     def __init__(self, net: Actor, meta: dict[str, Any], device: Any = "cpu") -> None:
         self.net = net
+        """The actor."""
         self.meta = meta
+        """The policy file's meta: at least ``epsilon`` and ``step``, and what training recorded (env id,
+        ``algo``, ``seed``, ...)."""
         self.device = torch.device(device)
+        """The device the actor runs on."""
         self.spec = net.spec
+        """The actor's spec (:func:`actor_spec`)."""
         self.obs_names = tuple(net.names)
+        """The observation fields the policy reads (a dict observation has these keys)."""
         self.action_dim = int(net.spec["action_dim"])
+        """Dimensions of an action (flattened)."""
         self.action_shape = tuple(net.spec.get("action_shape", [self.action_dim]))
+        """The shape of one action, as the store's ``action`` field has it."""
         self.low = np.asarray(net.spec["action_low"], np.float32)
+        """The Box's lower bounds (float32, flattened): :meth:`act`'s actions are at least these."""
         self.high = np.asarray(net.spec["action_high"], np.float32)
+        """The Box's upper bounds (float32, flattened): :meth:`act`'s actions are at most these."""
 
     def _tensors(self, obs: Any) -> Any:
         if not isinstance(obs, dict):

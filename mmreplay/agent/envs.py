@@ -27,21 +27,22 @@ AutoresetName = Literal["next_step", "same_step", "disabled"]
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """What env to make, how it is wrapped and how its copies reset (frozen, picklable).
-
-    ``env``: a gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``) or a picklable callable that
-    returns an env (then the Atari options do not apply). ``atari=None``: if ``env`` is an ALE id.
-    ``max_episode_steps``: the episodes' time limit (``None``: the env's own). ``autoreset_mode``:
-    gymnasium's vector autoreset mode (``next_step``, ``same_step``, ``disabled``).
-    ``terminal_on_life_loss`` and ``sticky_actions`` (ALE's ``repeat_action_probability``): Atari.
-    """
+    """What env to make, how it is wrapped and how its copies reset (frozen, picklable)."""
 
     env: str | Callable[[], Any]
+    """A gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``) or a picklable callable that returns an env
+    (then the Atari options do not apply)."""
     atari: bool | None = None
+    """Whether the env gets the DQN Atari preprocessing (see the module docstring); ``None``: if ``env``
+    is an ALE id (:func:`is_atari`)."""
     max_episode_steps: int | None = None
+    """The episodes' time limit (``None``: the env's own)."""
     autoreset_mode: AutoresetName = "next_step"
+    """Gymnasium's vector autoreset mode (``next_step``, ``same_step``, ``disabled``)."""
     terminal_on_life_loss: bool = False
+    """Atari: a lost life ends the episode (terminated)."""
     sticky_actions: float | None = None
+    """Atari: ALE's ``repeat_action_probability`` (``None``: the env's own, 0.25 for ``-v5``)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.env, str) or callable(self.env)):

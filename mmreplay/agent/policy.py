@@ -96,10 +96,22 @@ class QNetwork(nn.Module):
     """Q-values ``(B, n_actions)`` from a batch of observations (a tensor, or a dict of tensors
     keyed by the store's field names). Built from :func:`network_spec`."""
 
+    encoder: nn.Sequential
+    """The layers from the observations to the features the head reads: the Nature CNN, the MinAtar
+    network or the MLP (see the module docstring)."""
+    head: nn.Linear
+    """The linear layer to the Q-values (without a dueling head)."""
+    value: nn.Linear
+    """The dueling head's ``V(s)`` (a dueling network only)."""
+    advantage: nn.Linear
+    """The dueling head's ``A(s, a)`` (a dueling network only)."""
+
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__()
         self.spec = spec
+        """The network's spec (:func:`network_spec`): what a policy file records to rebuild it."""
         self.names = [o["name"] for o in spec["obs"]]
+        """The observation fields the network reads, in the order it concatenates them."""
         k = int(spec["frame_stack"])
         if spec["kind"] == "cnn":
             shape = spec["obs"][0]["shape"]
@@ -320,12 +332,20 @@ class Policy:
 
     def __init__(self, net: QNetwork, meta: dict[str, Any], device: Any = "cpu") -> None:
         self.net = net
+        """The Q network."""
         self.meta = meta
+        """The policy file's meta: at least ``epsilon`` and ``step``, and what training recorded (env id,
+        ``algo``, ``seed``, ...)."""
         self.device = torch.device(device)
+        """The device the network runs on."""
         self.spec = net.spec
+        """The network's spec (:func:`network_spec`)."""
         self.n_actions = int(net.spec["n_actions"])
+        """Number of discrete actions."""
         self.frame_stack = int(net.spec["frame_stack"])
+        """Frames per observation the network wants (``(B, k, *obs_shape)`` when above 1: :class:`FrameStack`)."""
         self.obs_names = tuple(net.names)
+        """The observation fields the policy reads (a dict observation has these keys)."""
         o = self.spec["obs"][0]
         # a plain observation batch's shape after B (greedy's numpy path: one field, an MLP on the CPU)
         self._plain = (tuple(o["shape"]) if self.frame_stack == 1 else (self.frame_stack, *o["shape"])) \
@@ -417,6 +437,7 @@ class FrameStack:
         if k < 1:
             raise ValueError(f"`k` must be >= 1, got {k}")
         self.k = k
+        """Frames per stack."""
         self._buf: dict[str, np.ndarray] = {}
 
     def reset(self, obs: Any) -> Any:

@@ -44,6 +44,17 @@ class Batches:
     loader's queue), and ``wait_fraction`` is the share of the learner's time spent getting
     batches since the last call."""
 
+    sampler: TransitionSampler
+    """The sampler the batches are drawn from."""
+    batch_size: int
+    """Transitions per batch (``cfg.algo.batch_size``)."""
+    device: torch.device
+    """The device the batches' tensors are on."""
+    wait_s: float
+    """Seconds spent getting batches so far (in :meth:`next`)."""
+    busy_s: float
+    """Seconds between handing out a batch and the next call of :meth:`next` so far: the learner's own time."""
+
     def __init__(self, sampler: TransitionSampler, cfg: TrainConfig, device: torch.device) -> None:
         from ..loader import BatchLoader
 
@@ -51,6 +62,8 @@ class Batches:
         self.sampler, self.batch_size, self.device = sampler, cfg.algo.batch_size, device
         self.loader = BatchLoader(sampler, cfg.algo.batch_size, device=device, prefetch=cfg.replay.prefetch,
                                   profile=True) if use else None
+        """The ``BatchLoader`` thread the batches come from (``cfg.replay.loader``; by default on CUDA), or
+        ``None``: they are drawn in the calling thread."""
         self._it = iter(self.loader) if self.loader is not None else None
         self.wait_s = self.busy_s = 0.0
         self._handed: float | None = None

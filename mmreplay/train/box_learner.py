@@ -150,19 +150,27 @@ class BoxLearner(UpdateStats):
     module docstring). ``actor`` is what is saved and evaluated (:attr:`policy_net`). Its statistics:
     the loss and Q(s, a) the algorithm's step returns."""
 
+    algo: Any
+    """The algorithm's config (``cfg.algo``): its learning rate, ``gamma``, ``tau``, ..."""
+
     def __init__(self, cfg: TrainConfig, schema: Any, device: torch.device, algorithm: BoxAlgorithm, *,
                  obs_mean: np.ndarray, obs_std: np.ndarray, data_bounds: tuple[np.ndarray, np.ndarray],
                  policy_bounds: tuple[np.ndarray, np.ndarray], clip_actions: bool = False) -> None:
         self.cfg = cfg
+        """The run's config."""
         self.algo = algo = cfg.algo
         self.device = device
+        """The device the networks are on."""
         self._algorithm = algorithm
         spec = actor_spec(schema, hidden=algo.hidden, gaussian=algorithm.gaussian, action_low=policy_bounds[0],
                           action_high=policy_bounds[1])
         self.actor = Actor(spec).to(device)
+        """The actor: what the policy files hold (:attr:`policy_net`), with the observation statistics."""
         self.actor.set_normalization(obs_mean, obs_std)
         self.obs_dim = int(self.actor.obs_mean.numel())
+        """Features of a flattened observation (all fields): the input width of the networks."""
         self.act_dim = int(spec["action_dim"])
+        """Dimensions of an action."""
         # per batch: x = obs * inv_std + shift (one op), the data's actions likewise onto [-1, 1]
         self._inv = (1.0 / self.actor.obs_std).clone()
         self._shift = (-self.actor.obs_mean * self._inv).clone()
@@ -172,12 +180,15 @@ class BoxLearner(UpdateStats):
         self._a_shift = -(hi + lo) / (hi - lo)
         self._clip = clip_actions
         self._max_norm = float(algo.max_grad_norm)
-        self.networks: dict[str, torch.nn.Module] = {}
-        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._networks: dict[str, torch.nn.Module] = {}
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self.actor_opt = self._optimizer("actor_opt", self.actor)
+        """The actor's Adam optimizer."""
         self.actor_params = list(self.actor.parameters())
+        """The actor's parameters, as a list (the gradients an actor loss takes: :meth:`optimize`'s ``inputs``)."""
         self._targets: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
         self.updates = 0
+        """Updates made (restored by :meth:`load`)."""
         if algorithm.build is not None:
             algorithm.build(self)
         self._init_stats(cfg.hardware, device)  # the loss and Q(s, a) accumulators; --cuda-graphs
@@ -185,14 +196,14 @@ class BoxLearner(UpdateStats):
     # -- what an algorithm builds -----------------------------------------------------------------
     def _optimizer(self, name: str, net: torch.nn.Module) -> torch.optim.Optimizer:
         opt = torch.optim.Adam(net.parameters(), lr=self.algo.learning_rate, fused=True)
-        self.optimizers[name] = opt
+        self._optimizers[name] = opt
         return opt
 
     def add_network(self, name: str, net: torch.nn.Module) -> torch.nn.Module:
         """Add ``net`` (moved to the device) as attribute ``name`` with an Adam optimizer
         ``<name>_opt``; both are checkpointed under these names."""
         net = net.to(self.device)
-        self.networks[name] = net
+        self._networks[name] = net
         setattr(self, name, net)
         setattr(self, f"{name}_opt", self._optimizer(f"{name}_opt", net))
         return net
@@ -200,9 +211,9 @@ class BoxLearner(UpdateStats):
     def add_target(self, name: str) -> torch.nn.Module:
         """Add ``<name>_target``, a frozen copy of network ``name`` (or the actor) that
         :meth:`soft_update` Polyak-averages towards it; checkpointed under that name."""
-        net = self.actor if name == "actor" else self.networks[name]
+        net = self.actor if name == "actor" else self._networks[name]
         target = copy.deepcopy(net).requires_grad_(False)
-        self.networks[f"{name}_target"] = target
+        self._networks[f"{name}_target"] = target
         setattr(self, f"{name}_target", target)
         self._targets.append((list(target.parameters()), list(net.parameters())))
         return target
@@ -272,9 +283,9 @@ class BoxLearner(UpdateStats):
     def checkpoint_parts(self) -> dict[str, Any]:
         """What ``Run.maybe_checkpoint`` writes: the actor as the policy, the rest as ``learner``."""
         extra: dict[str, Any] = {"actor_opt": self.actor_opt.state_dict()}
-        for name, net in self.networks.items():
+        for name, net in self._networks.items():
             extra[name] = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-        for name, opt in self.optimizers.items():
+        for name, opt in self._optimizers.items():
             extra[name] = opt.state_dict()
         return {"q": self.actor, "target": None, "optimizer": self.actor_opt, "extra": extra}
 
@@ -282,9 +293,9 @@ class BoxLearner(UpdateStats):
         """Restore the state :meth:`checkpoint_parts` saved."""
         self.actor.load_state_dict(payload["state_dict"])
         extra = payload.get("learner") or {}
-        for name, net in self.networks.items():
+        for name, net in self._networks.items():
             net.load_state_dict(extra[name])
-        for name, opt in self.optimizers.items():
+        for name, opt in self._optimizers.items():
             opt.load_state_dict(extra[name])
         self._inv = (1.0 / self.actor.obs_std).clone()
         self._shift = (-self.actor.obs_mean * self._inv).clone()

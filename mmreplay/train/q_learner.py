@@ -42,14 +42,24 @@ class QLearner(UpdateStats):
 
     ``cfg`` is the run's config, ``algo`` the algorithm's (``cfg.algo``)."""
 
+    algo: Any
+    """The algorithm's config (``cfg.algo``): its learning rate, ``gamma``, target settings, ..."""
+    optimizer: torch.optim.Optimizer
+    """The Q network's optimizer: fused Adam, or RMSprop where the algorithm's config says so (the MinAtar preset)."""
+
     def __init__(self, cfg: TrainConfig, spec: dict[str, Any], device: torch.device, loss: Loss,
                  target: bool = True) -> None:
         self.cfg = cfg
+        """The run's config."""
         self.algo = algo = cfg.algo
         self.device = device
-        self.loss = loss
+        """The device the networks are on."""
+        self._loss = loss
         self.q = QNetwork(spec).to(device)
+        """The Q network (what the policy files hold: :attr:`policy_net`)."""
         self.target = copy.deepcopy(self.q).requires_grad_(False) if target else None
+        """The target network, a frozen copy of ``q`` that :meth:`update_target` moves to it; ``None``
+        when made with ``target=False``."""
         # fused Adam: one kernel for every parameter (faster than the per-tensor loop for small nets; an ad-hoc
         # timing, not re-measured by benchmarks/)
         if getattr(algo, "optimizer", "adam") == "adam":
@@ -60,14 +70,18 @@ class QLearner(UpdateStats):
                                                  momentum=0.95, centered=True)
         hw = cfg.hardware
         self.q_fwd = torch.compile(self.q) if hw.compile else self.q
+        """What a loss calls for Q-values: ``q``, or ``torch.compile`` of it with ``--compile``."""
         self.target_fwd = torch.compile(self.target) if hw.compile and self.target is not None else self.target
+        """What a loss calls for target Q-values: ``target``, or ``torch.compile`` of it with ``--compile``."""
         self.amp = hw.amp and device.type == "cuda"
+        """Whether the forward passes run in bf16 autocast (``--amp``, on CUDA only; :meth:`autocast`)."""
         if hw.amp and not self.amp:
             log.warning("--amp is for CUDA (bf16 autocast); training in float32 on %s", device)
         self.updates = 0
+        """Updates made (restored by :meth:`load`)."""
         # (target, online) pairs of parameters, then of buffers (update_target)
         self._pairs: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
-        self.target_every = int(getattr(algo, "target_update_interval", 0) or 0) if target else 0
+        self._target_every = int(getattr(algo, "target_update_interval", 0) or 0) if target else 0
         self._tau = float(getattr(algo, "tau", 1.0))
         self._max_norm = float(algo.max_grad_norm)
         self._params = list(self.q.parameters())
@@ -96,7 +110,7 @@ class QLearner(UpdateStats):
     def phase(self) -> bool | None:
         """The host-side branch the next update takes (``graphs.GraphedUpdate`` captures one graph per
         phase): whether it copies the target."""
-        return None if not self.target_every else (self.updates + 1) % self.target_every == 0
+        return None if not self._target_every else (self.updates + 1) % self._target_every == 0
 
     def after_graphed_update(self) -> None:
         """Host-side work of an update replayed as a graph: none."""
@@ -105,14 +119,14 @@ class QLearner(UpdateStats):
         """One gradient step of the algorithm's loss on a batch of tensors; returns the TD errors
         (``None`` when the loss has none)."""
         with self.autocast():
-            loss, q_sa, td = self.loss(self, b)
+            loss, q_sa, td = self._loss(self, b)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self._max_norm > 0:
             torch.nn.utils.clip_grad_norm_(self._params, self._max_norm)
         self.optimizer.step()
         self.updates += 1
-        if self.target_every and self.updates % self.target_every == 0:
+        if self._target_every and self.updates % self._target_every == 0:
             self.update_target()
         self._record(loss, q_sa)  # summed in blocks (no op per update beyond the detaches)
         return None if td is None else td.detach()

@@ -49,9 +49,13 @@ class TrainResult:
     """What a run did; also written to ``run_dir/result.json``."""
 
     run_dir: str
+    """The run directory."""
     policy_path: str
+    """The final policy file, ``run_dir/policy.pt`` (``mmreplay.agent.load_policy`` reads it)."""
     env_steps: int
+    """Env steps taken, resumed sessions included (offline: 0)."""
     updates: int
+    """Learner updates made, resumed sessions included."""
     wall_s: float
     """Training wall time (set-up and evaluations excluded), summed over resumed sessions."""
     cpu_s: float
@@ -59,10 +63,16 @@ class TrainResult:
     evals: list[tuple[int, float, float]]
     """(step, mean, std) of every evaluation."""
     final_return: float | None
+    """Mean return of the last evaluation (``None``: no evaluation ran)."""
     best_return: float | None
+    """Best mean evaluation return (``best_policy.pt`` holds its network; ``None``: no evaluation ran)."""
     steps_per_s: float
+    """Env steps per second of training time, from the metric rows (0.0 offline)."""
     updates_per_s: float
+    """Learner updates per second of training time, from the metric rows."""
     data_wait: float
+    """Share (0 to 1) of the learner's time spent waiting for batches: measured over the whole session
+    when the loop did, else the mean of the metric rows."""
     damaged_rows: int = 0
     """Rows of the store that failed their checksums and were left out of every batch."""
     interrupted: int | None = None
@@ -78,12 +88,15 @@ class Run:
 
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = cfg
+        """The run's config."""
         self.dir = run_dir
+        """The run directory (made by :meth:`begin`)."""
         ckpt = self.dir / CHECKPOINT_NAME
         if not cfg.resume and ckpt.exists():
             raise FileExistsError(f"{self.dir} already holds a run (checkpoint.pt): pass --resume to continue it, "
                                   "or another --run-dir")
         self.device = pick_device(cfg.hardware.device)
+        """The device the run trains on (``cfg.hardware.device``, :func:`mmreplay.train.pick_device`)."""
         if cfg.hardware.threads:
             torch.set_num_threads(cfg.hardware.threads)
         elif self.device.type == "cpu" and not cfg.atari:
@@ -92,29 +105,43 @@ class Run:
             torch.set_flush_denormal(True)  # (a no-op where the CPU cannot)
         torch.manual_seed(cfg.seed)
         self.payload = load_checkpoint(ckpt, self.device) if cfg.resume else None
+        """The checkpoint a resumed run continues from (``load_checkpoint``), ``None`` for a new run: the
+        loops restore the learner, the random states and the sampler from it."""
         counters = self.payload["counters"] if self.payload else {}
         self.env_steps = int(counters.get("env_steps", 0))
+        """Env steps taken, resumed sessions included (the loops count them)."""
         self.updates = int(counters.get("updates", 0))
+        """Learner updates made, resumed sessions included (the loops count them)."""
         self.episodes = int(counters.get("episodes", 0))
+        """Episodes finished, resumed sessions included (the online loops count them)."""
         self.best = counters.get("best_eval")
-        self.time_before = float(counters.get("time_s", 0.0))
-        self.cpu_before = float(counters.get("cpu_s", 0.0))
+        """The best mean evaluation return so far (``best_policy.pt`` holds its network), ``None``
+        before the first evaluation."""
+        self._time_before = float(counters.get("time_s", 0.0))
+        self._cpu_before = float(counters.get("cpu_s", 0.0))
         self.evals: list[tuple[int, float, float]] = [tuple(e) for e in counters.get("evals", [])]  # type: ignore[misc]
+        """(step, mean, std) of every evaluation, resumed sessions included."""
         step = self.step
         self.log: RunLog | None = None  # made by begin(), once every input is open
-        self.bar: Any = None
+        """The metrics log (``metrics.csv``, TensorBoard), made by :meth:`begin`."""
+        self._bar: Any = None
         self._lines, self._line_t = False, 0.0  # progress lines without a terminal (begin() decides)
-        self.t0 = time.perf_counter()
-        self.cpu0 = time.process_time()
-        self._last = (self.t0, self.env_steps, self.updates)
+        self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+        self._last = (self._t0, self.env_steps, self.updates)
         self.returns: list[float] = []
+        """Returns of the episodes finished since the last metric row (the online loops add them;
+        :meth:`maybe_log` writes their mean and empties the list)."""
         self.wait_s = 0.0
+        """Seconds spent waiting for batches since the last metric row (the synchronous loop adds them)."""
         self.busy_s = 0.0
+        """Seconds spent on everything else since the last metric row (as ``wait_s``)."""
         self.next_log = next_multiple(step, cfg.report.log_every)
-        self.logged = step if cfg.resume else -1  # step of the last metric row
-        self.next_eval = next_multiple(step, cfg.report.eval_every) if cfg.report.eval_every else math.inf
-        self.next_ckpt = next_multiple(step, cfg.report.checkpoint_every) if cfg.report.checkpoint_every else math.inf
-        self.profiler: Any = None
+        """The step at which :meth:`maybe_log` writes the next metric row (``log_every``)."""
+        self._logged = step if cfg.resume else -1  # step of the last metric row
+        self._next_eval = next_multiple(step, cfg.report.eval_every) if cfg.report.eval_every else math.inf
+        self._next_ckpt = next_multiple(step, cfg.report.checkpoint_every) if cfg.report.checkpoint_every else math.inf
+        self._profiler: Any = None
 
     def begin(self) -> None:
         """Make the run directory, its ``config.json`` and metrics log. The loops call it once the
@@ -138,15 +165,15 @@ class Run:
         if show:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.steps, initial=step, unit="update" if cfg.offline else "step",
+            self._bar = tqdm(total=cfg.steps, initial=step, unit="update" if cfg.offline else "step",
                             unit_scale=True, dynamic_ncols=True, file=sys.stderr)
 
     def start_clock(self) -> None:
         """Training time starts now (set-up, imports and compilation are not counted)."""
         self.begin()
-        self.t0 = time.perf_counter()
-        self.cpu0 = time.process_time()
-        self._last = (self.t0, self.env_steps, self.updates)
+        self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
+        self._last = (self._t0, self.env_steps, self.updates)
 
     @property
     def step(self) -> int:
@@ -158,12 +185,12 @@ class Run:
     def wall_s(self) -> float:
         """Training wall time in seconds since :meth:`start_clock` (evaluations excluded), plus that of
         the sessions a resumed run continues."""
-        return self.time_before + time.perf_counter() - self.t0
+        return self._time_before + time.perf_counter() - self._t0
 
     @property
     def cpu_s(self) -> float:
         """CPU time in seconds of this process's threads over the same spans as :attr:`wall_s`."""
-        return self.cpu_before + time.process_time() - self.cpu0
+        return self._cpu_before + time.process_time() - self._cpu0
 
     def meta(self) -> dict[str, Any]:
         """What the policy files and the checkpoint record about the run: env id (the evaluation env
@@ -203,9 +230,9 @@ class Run:
         Q, the mean return of the episodes since, ``data_wait`` (default: from ``wait_s``/``busy_s``)."""
         if not force and self.step < self.next_log:
             return
-        if force and self.step == self.logged:
+        if force and self.step == self._logged:
             return
-        self.logged = self.step
+        self._logged = self.step
         self.next_log = next_multiple(self.step, self.cfg.report.log_every)
         now = time.perf_counter()
         t, s, u = self._last
@@ -230,7 +257,7 @@ class Run:
                      f"{self.updates:,}", f"{(self.updates - u) / dt if self.cfg.offline else steps_per_s or 0:,.0f}",
                      f", last eval {self.evals[-1][1]:.1f}" if self.evals else "",
                      f", data wait {data_wait:.0%}" if data_wait is not None else "")
-        if self.bar is not None:  # the bar moves with the metric rows (every log_every steps)
+        if self._bar is not None:  # the bar moves with the metric rows (every log_every steps)
             post = {"upd/s": f"{(self.updates - u) / dt:,.0f}"}
             if steps_per_s is not None:
                 post["steps/s"] = f"{steps_per_s:,.0f}"
@@ -238,22 +265,22 @@ class Run:
                 post["eval"] = f"{self.evals[-1][1]:.1f}"
             if data_wait is not None:
                 post["wait"] = f"{data_wait:.0%}"
-            self.bar.set_postfix(post, refresh=False)
-            self.bar.update(min(self.step, self.cfg.steps) - self.bar.n)
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.update(min(self.step, self.cfg.steps) - self._bar.n)
 
     def maybe_eval(self, learner: Any, env_id: str | None, force: bool = False) -> bool:
         """Evaluate when due; True when ``target_return`` is reached."""
         c = self.cfg
-        if not env_id or c.report.eval_episodes == 0 or (not force and self.step < self.next_eval):
+        if not env_id or c.report.eval_episodes == 0 or (not force and self.step < self._next_eval):
             return False
-        self.next_eval = next_multiple(self.step, c.report.eval_every) if c.report.eval_every else math.inf
+        self._next_eval = next_multiple(self.step, c.report.eval_every) if c.report.eval_every else math.inf
         t0, c0 = time.perf_counter(), time.process_time()
         rets = evaluate(learner.policy_net, env_id, c.report.eval_episodes, seed=c.seed + 100_000 + len(self.evals),
                         device=self.device, atari=c.atari or None, frame_stack=c.frame_stack,
                         max_episode_steps=c.max_episode_steps)
         spent = time.perf_counter() - t0  # evaluation time is not training time
-        self.t0 += spent
-        self.cpu0 += time.process_time() - c0
+        self._t0 += spent
+        self._cpu0 += time.process_time() - c0
         self._last = (self._last[0] + spent, *self._last[1:])
         mean, std = float(rets.mean()), float(rets.std())
         self.evals.append((self.step, mean, std))
@@ -275,11 +302,11 @@ class Run:
         """Write ``checkpoint.pt`` when ``checkpoint_every`` steps have passed (or with ``force``): the
         learner, counters, ``rng`` and sampler state. First ``writer`` publishes (the store visibly holds
         every env step counted) and, online, the sampler saves its priorities in the store."""
-        if not force and self.step < self.next_ckpt:
+        if not force and self.step < self._next_ckpt:
             return
         if writer is not None:
             writer.publish()  # the store holds (visibly) every env step the checkpoint counts
-        self.next_ckpt = next_multiple(self.step, self.cfg.report.checkpoint_every) if self.cfg.report.checkpoint_every else math.inf
+        self._next_ckpt = next_multiple(self.step, self.cfg.report.checkpoint_every) if self.cfg.report.checkpoint_every else math.inf
         save = getattr(sampler, "save", None)
         if save is not None and not self.cfg.offline:
             save()  # priorities live in the store; written before the checkpoint that counts on them
@@ -292,7 +319,7 @@ class Run:
         """Profile updates 10..30 of this session when ``profile`` is set (trace in run_dir/profile)."""
         if not self.cfg.hardware.profile:
             return
-        if self.profiler is None:
+        if self._profiler is None:
             from torch.profiler import ProfilerActivity, profile, schedule
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
@@ -304,10 +331,10 @@ class Run:
                 (out / "summary.txt").write_text(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
                 log.info("profiler trace written to %s", out)
 
-            self.profiler = profile(activities=acts, schedule=schedule(wait=5, warmup=5, active=20, repeat=1),
+            self._profiler = profile(activities=acts, schedule=schedule(wait=5, warmup=5, active=20, repeat=1),
                                     on_trace_ready=done)
-            self.profiler.__enter__()
-        self.profiler.step()
+            self._profiler.__enter__()
+        self._profiler.step()
 
     def finish(self, learner: Any, sampler: TransitionSampler | None, rng: np.random.Generator | None,
                epsilon: float | None, eval_env: str | None, stopped: bool,
@@ -316,8 +343,8 @@ class Run:
         metric row and checkpoint, then ``policy.pt`` and ``result.json``; returns the
         :class:`TrainResult`. ``data_wait``: the session's share of time waiting for batches, when
         the loop measured it over the whole session (else the metric rows' mean), in both."""
-        if self.profiler is not None:
-            self.profiler.__exit__(None, None, None)
+        if self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
         # one evaluation per evaluation point: the end of the run is one, unless an evaluation at or
         # past the last step already happened (actors may step a little past it: 6002 for 6000)
         if not stopped and (not self.evals or self.evals[-1][0] < min(self.step, self.cfg.steps)):
@@ -328,8 +355,8 @@ class Run:
         save_policy(policy, learner.policy_net, epsilon=None, step=self.step, **self.meta())
         assert self.log is not None, "begin() makes the log"
         self.log.close()
-        if self.bar is not None:
-            self.bar.close()
+        if self._bar is not None:
+            self._bar.close()
         wall, cpu = self.wall_s, self.cpu_s
         rows = _read_rates(self.dir)
         store = getattr(sampler, "store", None)
