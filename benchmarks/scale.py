@@ -34,8 +34,10 @@ Per size and system:
 * per sampler, B=256: **setup** (making the sampler; for TorchRL the reopen, as each sampler
   starts from a cold cache), the **first batch** from a cold page cache, and the **per-batch
   cost warm** (files read in first; median and p90 of ``--batches`` batches, each timed alone,
-  after 10 untimed ones). Samplers: ``uniform`` (mmreplay ``UniformSampler``; TorchRL
-  ``RandomSampler``; cpprb ``ReplayBuffer``), ``sequence`` (256 windows of 4 rows: mmreplay
+  after untimed ones for at least 1 s and at least 10 + ``--batches`` of them: ``SETTLE_S``;
+  ``just_warm_us``: the median of the first ``--batches`` after 10, what runs before the settle
+  reported). Samplers: ``uniform`` (mmreplay ``UniformSampler``; TorchRL ``RandomSampler``;
+  cpprb ``ReplayBuffer``), ``sequence`` (256 windows of 4 rows: mmreplay
   ``SequenceSampler(length=4)``; TorchRL ``SliceSampler(slice_len=4, end_key=("next", "done"),
   cache_values=True)``, batch 1,024: its documented fast path for a static buffer; cpprb has
   none), ``prioritized`` (one op = sample 256 + update their 256 priorities, as
@@ -95,7 +97,8 @@ B = 256  # batch size (windows for sequences)
 SEQ = 4  # rows per window
 STACK = 4  # Atari frame stack
 POOL = 1 << 18  # distinct random rows a row's fields are taken from
-WARMUP = 10  # untimed batches before the timed ones
+WARMUP = 10  # untimed batches before the timed ones (at least; see SETTLE_S)
+SETTLE_S = 1.0  # and untimed batches for at least this long after the warm-up, before the timed ones
 CHUNK = 1 << 20  # rows per add_batch / extend
 PASS_TARGET_BYTES = 100_000_000  # the passes' targets apply to stores at least this large
 MB = 1e6
@@ -228,8 +231,18 @@ def measure(make: Callable[[], Any], op: Callable[[Any], object], *, cold: Calla
     op(obj)
     first = time.perf_counter() - t0
     warm(obj)
-    for _ in range(WARMUP):
+    # settle: untimed for the record (each timed alone all the same), at least WARMUP + batches ops and SETTLE_S
+    # seconds. Just after a store's pages were read in (warm_pages, map_pages) or a buffer was filled, the
+    # first batches on this VM run slower for a fraction of a second (a 15 GB store: the first 20 uniform
+    # batches ~4 ms each, falling to the steady ~65 µs within ~300 batches; docs/results.md, "Big stores").
+    # ``just_warm_us``: the median of the ``batches`` ops after the first WARMUP, what runs before this
+    # settle reported as ``warm_us``.
+    settle: list[float] = []
+    t_end = time.perf_counter() + SETTLE_S
+    while len(settle) < WARMUP + batches or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
         op(obj)
+        settle.append(time.perf_counter() - t0)
     ts = np.empty(batches)
     for i in range(batches):
         t0 = time.perf_counter()
@@ -239,7 +252,8 @@ def measure(make: Callable[[], Any], op: Callable[[Any], object], *, cold: Calla
     if callable(close):
         close()
     return {"setup_ms": setup * 1e3, "first_ms": first * 1e3, "warm_us": float(np.median(ts) * 1e6),
-            "p90_us": float(np.percentile(ts, 90) * 1e6)}
+            "p90_us": float(np.percentile(ts, 90) * 1e6),
+            "just_warm_us": float(np.median(settle[WARMUP:WARMUP + batches]) * 1e6), "settle_ops": len(settle)}
 
 
 # -- mmreplay -------------------------------------------------------------------------------------

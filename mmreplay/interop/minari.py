@@ -116,19 +116,19 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
     if not gids:
         return [], 0, 0
     gid, ep, first, last = (np.concatenate(x) for x in (gids, eps, firsts, lasts))
+    if not len(gid):  # (every segment empty)
+        return [], 0, 0
     damaged = np.unique(np.concatenate(bads))
     complete = np.setdiff1d(np.intersect1d(gid[first], ep[last]), damaged)
-    all_eps = np.unique(ep)
-    keep = np.isin(ep, complete)
-    gid, ep = gid[keep], ep[keep]
     order = np.argsort(ep, kind="stable")  # rows were concatenated in id order: stable keeps time order
     gid, ep = gid[order], ep[order]
-    cuts = np.flatnonzero(np.diff(ep)) + 1
-    parts = np.split(gid, cuts) if len(gid) else []
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(ep)) + 1, [len(ep)]])  # one span per episode
+    keep = np.isin(ep[bounds[:-1]], complete)  # per episode, not per row
+    parts = [gid[a:b] for a, b in zip(bounds[:-1][keep].tolist(), bounds[1:][keep].tolist())]
     out = [e for e in parts if len(e) > 1]
     # T = 0 (a lane's first row, closed before a step: a worker stopped at once) is no episode: neither
     # kept nor counted as left out (info() counts episodes by their steps' flags)
-    return out, len(all_eps) - len(parts), len(damaged)
+    return out, len(keep) - len(parts), len(damaged)
 
 
 # -- spaces --------------------------------------------------------------------------------------
@@ -205,21 +205,52 @@ def _nest(flat: dict[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-def _buffer(store: ReplayStore, gids: np.ndarray) -> Any:
+def _runs(store: ReplayStore, gids: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """The rows ``gids`` as runs ``(window, first slot, stop, step)``: rows of one lane in one
+    segment, one after another (an episode is one run, or two where it crosses into the next
+    segment), each read with a slice; ``KeyError`` if a row is not visible or is masked, as
+    ``store.rows`` raises."""
+    r = store.reader
+    k, slot = r.locate(gids)
+    lanes = r.snapshot.lanes[k]
+    cut = np.flatnonzero((np.diff(k) != 0) | (np.diff(slot) != lanes[:-1])) + 1
+    first, last = np.concatenate([[0], cut]), np.concatenate([cut - 1, [len(gids) - 1]])
+    runs = list(zip(r.snapshot.windows[k[first]].tolist(), slot[first].tolist(), (slot[last] + 1).tolist(),
+                    lanes[first].tolist()))
+    if any((r.is_last[w, a:b:step] == MASKED).any() for w, a, b, step in runs):
+        raise KeyError("some rows to export are masked (damaged rows are never served; `mmreplay info` counts them)")
+    return runs
+
+
+def _buffers(store: ReplayStore, episodes: list[np.ndarray]) -> list[Any]:
+    """One ``EpisodeBuffer`` per episode (global row ids, in time order). Each field is copied
+    once for all the episodes given, by slices of the mapped segments (no per-row gather), and
+    each episode's arrays are views of that copy."""
     from minari.data_collector import EpisodeBuffer
 
     schema = store.schema
     obs_names = schema.obs_names
+    runs = _runs(store, np.concatenate(episodes))
+    cuts = np.cumsum([len(e) for e in episodes])[:-1]
+
+    def rows(name: str) -> list[np.ndarray]:  # T+1 rows an episode
+        col = store.reader.columns[name]
+        return np.split(np.concatenate([col[w, a:b:step] for w, a, b, step in runs]), cuts)
+
+    def steps(name: str) -> list[np.ndarray]:  # the first T: the last row holds the final observation only
+        return [v[:-1] for v in rows(name)]
+
     if obs_names == ("obs",):
-        obs: Any = store.rows("obs", gids)
+        obs: list[Any] = rows("obs")
     else:
-        obs = _nest({n.removeprefix("obs/"): store.rows(n, gids) for n in obs_names})
-    head = gids[:-1]
+        per = {n.removeprefix("obs/"): rows(n) for n in obs_names}
+        obs = [_nest({n: v[i] for n, v in per.items()}) for i in range(len(episodes))]
     extras = [f.name for f in schema.fields if f.name not in obs_names and f.name not in _CORE]
-    infos = _nest({n: store.rows(n, gids) for n in extras}) if extras else None
-    return EpisodeBuffer(observations=obs, actions=store.rows("action", head), rewards=store.rows("reward", head),
-                         terminations=store.rows("terminated", head), truncations=store.rows("truncated", head),
-                         infos=infos)
+    info = {n: rows(n) for n in extras}
+    act, rew, term, trunc = (steps(n) for n in _CORE)
+    return [EpisodeBuffer(observations=obs[i], actions=act[i], rewards=rew[i], terminations=term[i],
+                          truncations=trunc[i], infos=_nest({n: v[i] for n, v in info.items()}) if extras else None)
+            for i in range(len(episodes))]
 
 
 def export_minari(
@@ -258,7 +289,7 @@ def export_minari(
         steps = 0
         ds = None
         for i in range(0, len(episodes), _BATCH_EPISODES):
-            batch = [_buffer(st, e) for e in episodes[i : i + _BATCH_EPISODES]]
+            batch = _buffers(st, episodes[i : i + _BATCH_EPISODES])
             steps += sum(len(e) - 1 for e in episodes[i : i + _BATCH_EPISODES])
             if ds is None:
                 with warnings.catch_warnings():

@@ -101,6 +101,40 @@ def test_minari_export_reproduces_every_episode(tmp_path, minari_home):
     store.close()
 
 
+def test_minari_export_of_one_lane_across_segments(tmp_path, minari_home):
+    """Episodes of one lane, many crossing a segment boundary, come out exactly: each is read as
+    one slice per segment it spans (``_runs``), and more episodes than one writer batch (64)."""
+    import minari
+
+    from mmreplay.interop.minari import _runs, export_minari, store_episodes
+
+    rng = np.random.default_rng(3)
+    store = mmreplay.create_store(tmp_path / "s", mmreplay.Schema.transition(obs_shape=(3,)), segment_records=50)
+    expected = []
+    with store.writer() as w:
+        for i in range(150):
+            T = int(rng.integers(1, 40))
+            e = {"obs": rng.standard_normal((T + 1, 3)).astype(np.float32), "action": rng.integers(0, 4, T),
+                 "reward": rng.standard_normal(T).astype(np.float32),
+                 "terminated": np.arange(T) == T - 1 if i % 2 else np.zeros(T, bool)}
+            e["truncated"] = np.zeros(T, bool) if i % 2 else np.arange(T) == T - 1
+            w.add_batch({"obs": e["obs"][:T, None], "action": e["action"][:, None], "reward": e["reward"][:, None],
+                         "terminated": e["terminated"][:, None], "truncated": e["truncated"][:, None]})
+            w.end_episodes(last_obs=e["obs"][T][None])
+            expected.append(e)
+    episodes = store_episodes(store)[0]
+    spans = [len(np.unique(e // store.segment_records)) for e in episodes]
+    assert [len(_runs(store, e)) for e in episodes] == spans and max(spans) == 2
+    rep = export_minari(store, "mmreplay/lane/cross-v0")
+    assert (rep.episodes, rep.skipped) == (150, 0)
+    for got, e in zip(minari.load_dataset("mmreplay/lane/cross-v0").iterate_episodes(), expected):
+        np.testing.assert_array_equal(got.observations, e["obs"])
+        for mine, theirs in (("action", "actions"), ("reward", "rewards"), ("terminated", "terminations"),
+                             ("truncated", "truncations")):
+            np.testing.assert_array_equal(getattr(got, theirs), e[mine], err_msg=mine)
+    store.close()
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # the source dataset has no env
 def test_minari_images_round_trip_losslessly(tmp_path, minari_home):
     import gymnasium as gym
