@@ -127,7 +127,7 @@ class GraphedUpdate:
     def _prepare_optimizers(self) -> None:
         """Before the first update and each capture (a checkpoint may have been loaded since):
         capturable groups, step counters on the device, learning rates as device tensors."""
-        for opt, lrs in zip(self._optimizers, self._lrs):
+        for opt in self._optimizers:
             for group in opt.param_groups:
                 if "capturable" not in group:
                     raise TypeError(f"{type(opt).__name__} has no capturable mode")
