@@ -45,8 +45,20 @@ DEFAULT_ALGO = _DEFAULT.name
 
 def with_settings(cfg: TrainConfig, **settings: Any) -> TrainConfig:
     """A copy of ``cfg`` with ``settings`` (by name, wherever they live: ``steps``,
-    ``learning_starts``, ``eval_every``...) changed; no preset is applied again."""
+    ``learning_starts``, ``eval_every``...) changed; no preset is applied again. ``ValueError`` for a
+    setting the run's algorithm does not have."""
+    _refuse_foreign(get(settings.get("algo") or cfg.algo.name), settings)
     return from_flat({**cfg.flat(), **settings})
+
+
+def _refuse_foreign(algorithm: Any, settings: Mapping[str, Any]) -> None:
+    """``ValueError`` naming the first of ``settings`` that neither the run nor ``algorithm`` has (and
+    whose algorithm it is, when it is one's): never dropped in silence."""
+    foreign = sorted(set(settings) - set(_leaf_names()) - set(algorithm.config.field_names()) - {"algo"})
+    if foreign:
+        owners = [n for n in names() if foreign[0] in get(n).config.field_names()]
+        raise ValueError(f"`{foreign[0]}` is not a setting of --algo {algorithm.name}"
+                         + (f" (it is {', '.join(owners)}'s)" if owners else ""))
 
 
 def _leaf_names() -> dict[str, str | None]:
@@ -172,11 +184,7 @@ def config_for(env_id: str | None = None, *, family: str | None = None, **option
                                                      or k == "algo"})))
         return resume_config(run_dir, **given)
     algorithm = get(given.get("algo") or DEFAULT_ALGO)
-    foreign = sorted(set(given) - set(_leaf_names()) - set(algorithm.config.field_names()) - {"algo"})
-    if foreign:
-        owners = [n for n in names() if foreign[0] in get(n).config.field_names()]
-        raise ValueError(f"`{foreign[0]}` is not a setting of --algo {algorithm.name}"
-                         + (f" (it is {', '.join(owners)}'s)" if owners else ""))
+    _refuse_foreign(algorithm, given)
     fam = family or family_of(given)
     run = {**RUN_PRESETS[fam], **{k: v for k, v in given.items() if k in _leaf_names()}}
     values = {**run, **algorithm.config.preset(fam, run), **given, "algo": algorithm.name}
@@ -266,6 +274,7 @@ def resume_config(run_dir: str | Path, **overrides: Any) -> TrainConfig:
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if overrides.get("algo", saved["algo"]) != saved["algo"]:
         raise ValueError(f"`algo`: {run_dir} is a {saved['algo']} run; --resume continues it with the same algorithm")
+    _refuse_foreign(get(saved["algo"]), overrides)
     return from_flat({**saved, **overrides, "resume": True, "run_dir": str(run_dir)})
 
 

@@ -146,6 +146,8 @@ def test_a_toy_algorithm_trains_and_resumes_through_the_library_and_the_cli(toy,
 
     loss = read_metrics(tmp_path / "lib")["loss"]
     assert np.isfinite(loss[~np.isnan(loss)]).all() and (~np.isnan(loss)).any()
+    with pytest.raises(ValueError, match=r"`cql_alpha` is not a setting of --algo toy \(it is cql's\)"):
+        resume_config(tmp_path / "lib", steps=50, cql_alpha=0.5)  # never dropped in silence
     res = train(resume_config(tmp_path / "lib", steps=50))
     assert res.updates == 50
     saved = json.loads((tmp_path / "lib" / "config.json").read_text())
