@@ -1,9 +1,11 @@
-"""``mmreplay train`` and ``mmreplay plot``: options mirror :class:`mmreplay.train.TrainConfig`.
+"""``mmreplay train`` and ``mmreplay plot``: one option per setting of the run
+(:class:`mmreplay.train.TrainConfig` and its groups) and of every registered algorithm's config,
+written from those dataclasses: the flag from the setting's name, the type from its annotation,
+the help from its docstring, the bracketed default from the presets (``config_for`` per env family).
 
-Every option defaults to "not given", so a run's config is the preset (classic control, or
-Nature DQN with ``--atari``) or, with ``--resume``, the config saved in the run's checkpoint,
-with only the options given on the command line changed. torch is imported inside the command
-bodies, so ``mmreplay --help`` stays fast.
+Every option defaults to "not given", so a run's config is the preset (``mmreplay.train.config_for``)
+or, with ``--resume``, the config saved in the run's checkpoint, with only the options given on the
+command line changed. torch is imported inside the command bodies, so ``mmreplay --help`` stays fast.
 """
 
 from __future__ import annotations
