@@ -231,11 +231,13 @@ def _buffers(store: ReplayStore, episodes: list[np.ndarray]) -> list[Any]:
     schema = store.schema
     obs_names = schema.obs_names
     runs = _runs(store, np.concatenate(episodes))
-    cuts = np.cumsum([len(e) for e in episodes])[:-1]
+    ends = np.cumsum([len(e) for e in episodes]).tolist()
+    spans = list(zip([0, *ends[:-1]], ends))
 
-    def rows(name: str) -> list[np.ndarray]:  # T+1 rows an episode
+    def rows(name: str) -> list[np.ndarray]:  # T+1 rows an episode: views of one copy (slices, not np.split)
         col = store.reader.columns[name]
-        return np.split(np.concatenate([col[w, a:b:step] for w, a, b, step in runs]), cuts)
+        whole = np.concatenate([col[w, a:b:step] for w, a, b, step in runs])
+        return [whole[a:b] for a, b in spans]
 
     def steps(name: str) -> list[np.ndarray]:  # the first T: the last row holds the final observation only
         return [v[:-1] for v in rows(name)]
