@@ -251,8 +251,8 @@ class StoreReader:
         todo = [m for m in self.segments.values() if m.pending and not m.queued]
         self._unstarted = False  # every one is checked or queued below
         if todo and not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
-            for m in todo:
-                self._checked(m, *c.run(CheckJob(m.name, m.committed, not m.dead)))
+            for m, result in zip(todo, c.run_all([CheckJob(m.name, m.committed, not m.dead) for m in todo])):
+                self._checked(m, *result)
             applied = True
         elif todo:
             todo.sort(key=lambda x: x.header.segment_id)  # oldest first
