@@ -173,6 +173,8 @@ def test_an_unknown_algorithm_and_a_setting_of_another_one_are_said_in_the_flags
     r = CliRunner().invoke(main, ["train", "CartPole-v1", "--store", str(tmp_path / "s"), "--cql-alpha", "0.5"])
     assert r.exit_code == 2 and "--cql-alpha is not a setting of --algo dqn (it is cql's)" in r.output, r.output
     assert not (tmp_path / "s").exists()
+    r = CliRunner().invoke(main, ["train", "--offline", "--store", str(cart), "--algo", "iql", "--tau", "1"])
+    assert r.exit_code == 2 and "--tau: must lie in (0, 1) for iql" in r.output, r.output  # the algorithm's own check
 
 
 # -- the flat config.json of older runs ------------------------------------------------------------------

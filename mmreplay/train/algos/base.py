@@ -92,8 +92,8 @@ class BoxConfig(AlgoConfig):
     def validate(self) -> None:
         AlgoConfig.validate(self)
         if not 0.0 < self.tau < 1.0:
-            raise ValueError(f"`tau`={self.tau}: {self.name} Polyak-averages its target networks, tau must lie in "
-                             "(0, 1) (CORL: 0.005)")
+            raise ValueError(f"`tau` must lie in (0, 1) for {self.name}, which Polyak-averages its target networks "
+                             f"(CORL: 0.005), got {self.tau}")
 
 
 LearnerFactory = Callable[..., Any]
