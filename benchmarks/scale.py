@@ -220,7 +220,7 @@ def read_files(files: list[Path]) -> None:
 
 
 def measure(make: Callable[[], Any], op: Callable[[Any], object], *, cold: Callable[[], None],
-            warm: Callable[[Any], None], batches: int) -> Record:
+            warm: Callable[[Any], None], batches: int, settle_s: float = SETTLE_S) -> Record:
     """Setup and first op from a cold page cache, then warm (``warm(obj)``: the files in the page
     cache and mapped by the system's own mapping, its steady state): median and p90 of ``batches`` ops."""
     cold()
@@ -238,7 +238,7 @@ def measure(make: Callable[[], Any], op: Callable[[Any], object], *, cold: Calla
     # ``just_warm_us``: the median of the ``batches`` ops after the first WARMUP, what runs before this
     # settle reported as ``warm_us``.
     settle: list[float] = []
-    t_end = time.perf_counter() + SETTLE_S
+    t_end = time.perf_counter() + settle_s
     while len(settle) < WARMUP + batches or time.perf_counter() < t_end:
         t0 = time.perf_counter()
         op(obj)
@@ -393,7 +393,7 @@ def work_mm(cfg: Record) -> None:
             # (store.map_pages: what an exact-mode sampler starts in the background for a store that fits in RAM,
             # done at once here, so that every batch timed is a steady-state one)
             warm = (lambda obj: None) if "windowed" in name else (lambda obj: (kit.warm_pages(path), store.map_pages()))
-            rec = measure(make, op, cold=cold, warm=warm, batches=cfg["batches"])
+            rec = measure(make, op, cold=cold, warm=warm, batches=cfg["batches"], settle_s=cfg.get("settle_s", SETTLE_S))
             emit({**tags, "what": "sample", "sampler": name, **rec})
         store.close()
         mm_passes(path, base, tags)
@@ -489,7 +489,7 @@ def work_torchrl(cfg: Record) -> None:
         for name, (sampler, op) in kinds.items():
             gc.collect()  # the previous buffer's maps are gone: its pages can be dropped
             rec = measure(lambda s=sampler: trl_open(root, cap, s()), op, cold=lambda: drop_files(files),
-                          warm=lambda rb: (read_files(files), trl_map(rb)), batches=cfg["batches"])
+                          warm=lambda rb: (read_files(files), trl_map(rb)), batches=cfg["batches"], settle_s=cfg.get("settle_s", SETTLE_S))
             emit({**tags, "what": "sample", "sampler": name, **rec})
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -552,7 +552,7 @@ def work_cpprb(cfg: Record) -> None:
         cpprb_fill(rb, rows, variant == "next_of")
         emit({**tags, "what": "build", "sampler": name, "variant": variant, "transitions": rb.get_stored_size(),
               "build_s": time.perf_counter() - t0})
-        rec = measure(lambda b=rb: b, op, cold=lambda: None, warm=lambda rb: None, batches=cfg["batches"])
+        rec = measure(lambda b=rb: b, op, cold=lambda: None, warm=lambda rb: None, batches=cfg["batches"], settle_s=cfg.get("settle_s", SETTLE_S))
         emit({**tags, "what": "sample", "sampler": name, "variant": variant, **rec})
         del rb
         gc.collect()
@@ -591,6 +591,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--atari-rows", type=float, default=1e6, help="rows of the Atari store (~7 KB each); 0: none")
     ap.add_argument("--systems", default="mmreplay,torchrl,cpprb")
     ap.add_argument("--batches", type=int, default=200, help="timed batches per sampler (median reported)")
+    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
+                    help="untimed batches for at least this long before the timed ones (a smoke run: 0)")
     ap.add_argument("--cache-gb", type=float, default=2.0, help="windowed mode's cache_bytes, at the largest size")
     ap.add_argument("--swap", type=float, default=4.0, help="windowed mode's swap_segments_per_s")
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -620,7 +622,7 @@ def jobs(args: argparse.Namespace, base: Path) -> Iterator[tuple[str, Record, in
     mm_need = {n: store_bytes_estimate(vector_schema(), n, base) + RESERVE for n in sizes}
     free = shutil.disk_usage(base).free
     largest = max([n for n in sizes if mm_need[n] < free] or sizes[:1])
-    common = {"batches": args.batches, "cache_gb": args.cache_gb, "swap": args.swap,
+    common = {"batches": args.batches, "settle_s": args.settle_s, "cache_gb": args.cache_gb, "swap": args.swap,
               "torch_threads": args.torch_threads, "passes_only": args.passes_only}
     for n in sizes:
         for system in systems:

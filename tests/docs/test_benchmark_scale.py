@@ -15,7 +15,7 @@ def test_scale_benchmark_runs_on_tiny_stores(tmp_path):
     work, plot = tmp_path / "work", tmp_path / "scale.png"
     work.mkdir()
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--sizes", "2e4,4e4", "--atari-rows",
-                        "2000", "--batches", "5", "--cache-gb", "0.01", "--systems", "mmreplay", "--dir", str(work),
+                        "2000", "--batches", "5", "--settle-s", "0", "--cache-gb", "0.01", "--systems", "mmreplay", "--dir", str(work),
                         "--plot", str(plot)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
