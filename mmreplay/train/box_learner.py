@@ -282,7 +282,7 @@ class BoxLearner(UpdateStats):
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint_parts(self) -> dict[str, Any]:
         """What ``Run.maybe_checkpoint`` writes: the actor as the policy, the rest as ``learner``."""
-        extra: dict[str, Any] = {"actor_opt": self.actor_opt.state_dict()}
+        extra: dict[str, Any] = {}  # (the optimizers include actor_opt)
         for name, net in self._networks.items():
             extra[name] = {k: v.detach().cpu() for k, v in net.state_dict().items()}
         for name, opt in self._optimizers.items():

@@ -12,8 +12,9 @@ modules) onto the nested layout by name.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
-import textwrap
+import sys
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -61,8 +62,9 @@ def _refuse_foreign(algorithm: Any, settings: Mapping[str, Any]) -> None:
                          + (f" (it is {', '.join(owners)}'s)" if owners else ""))
 
 
+@functools.cache
 def _leaf_names() -> dict[str, str | None]:
-    """Each run setting's name -> its group (``None``: a field of TrainConfig itself)."""
+    """Each run setting's name -> its group (``None``: a field of TrainConfig itself); cached: read it only."""
     out: dict[str, str | None] = {f.name: None for f in fields(TrainConfig) if f.name not in GROUPS}
     for group, cls in GROUPS.items():
         out.update({f.name: group for f in fields(cls)})
@@ -296,18 +298,25 @@ def field_help(cls: type) -> dict[str, str]:
     the field), read from the source: what ``mmreplay train``'s option help says."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not is_dataclass(klass) or klass is object:
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError):  # no source (a class made at run time): no help
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                out[node.target.id] = inspect.cleandoc(nxt.value.value)
+        node = _class_nodes(klass.__module__).get(klass.__qualname__) if is_dataclass(klass) else None
+        body = node.body if node is not None else []  # (no source: a class made at run time, no help)
+        for field_node, nxt in zip(body, body[1:]):
+            if isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name) \
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
+                    and isinstance(nxt.value.value, str):
+                out[field_node.target.id] = inspect.cleandoc(nxt.value.value)
     return out
+
+
+@functools.cache
+def _class_nodes(module: str) -> dict[str, ast.ClassDef]:
+    """The top-level classes of ``module``'s source, by name: each module parsed once (the CLI reads
+    every config's field docstrings when it loads)."""
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[module]))
+    except (OSError, TypeError, KeyError):
+        return {}
+    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
 
 
 __all__ = ["DEFAULT_ALGO", "GROUPS", "ActingConfig", "HardwareConfig", "RUN_PRESETS", "ReplayConfig", "ReportConfig",
