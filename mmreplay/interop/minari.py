@@ -100,9 +100,12 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
         n, w = int(s.committed[k]), int(s.windows[k])
         raw = np.array(r.is_last[w, :n])
         masked = raw == MASKED
+        # the steps' flags matter only around masked rows and in each lane's last row (the carry):
+        # read for those rows alone (all of them in a segment holding a masked row)
+        tail = 0 if not n or masked.any() else (-(-n // h.lanes) - 1) * h.lanes
         done = np.zeros(n, np.bool_)
         for f in flags:
-            done |= row_flags(r.columns[f][w, :n])
+            done[tail:] |= row_flags(r.columns[f][w, tail:n])
         carry = cache.get((h.writer_id, h.session_epoch, h.chain_index - 1)) if h.chain_index else None
         last = masked_last(raw == 1, masked, done, lanes=h.lanes, carry=carry)
         ep, first, out = segment_episodes(last, segment_id=sid, segment_records=R, lanes=h.lanes,
@@ -120,8 +123,9 @@ def store_episodes(store: ReplayStore) -> tuple[list[np.ndarray], int, int]:
         return [], 0, 0
     damaged = np.unique(np.concatenate(bads))
     complete = np.setdiff1d(np.intersect1d(gid[first], ep[last]), damaged)
-    order = np.argsort(ep, kind="stable")  # rows were concatenated in id order: stable keeps time order
-    gid, ep = gid[order], ep[order]
+    if (ep[1:] < ep[:-1]).any():  # (one lane: in order already)
+        order = np.argsort(ep, kind="stable")  # rows were concatenated in id order: stable keeps time order
+        gid, ep = gid[order], ep[order]
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(ep)) + 1, [len(ep)]])  # one span per episode
     keep = np.isin(ep[bounds[:-1]], complete)  # per episode, not per row
     parts = [gid[a:b] for a, b in zip(bounds[:-1][keep].tolist(), bounds[1:][keep].tolist())]
@@ -217,7 +221,10 @@ def _runs(store: ReplayStore, gids: np.ndarray) -> list[tuple[int, int, int, int
     first, last = np.concatenate([[0], cut]), np.concatenate([cut - 1, [len(gids) - 1]])
     runs = list(zip(r.snapshot.windows[k[first]].tolist(), slot[first].tolist(), (slot[last] + 1).tolist(),
                     lanes[first].tolist()))
-    if any((r.is_last[w, a:b:step] == MASKED).any() for w, a, b, step in runs):
+    sids = r.snapshot.segment_ids[k[first]].tolist()
+    damaged = {sid for sid in set(sids) if len(r.damaged_slots(sid)[0])}  # the others hold no masked row
+    if damaged and any((r.is_last[w, a:b:step] == MASKED).any()
+                       for (w, a, b, step), sid in zip(runs, sids) if sid in damaged):
         raise KeyError("some rows to export are masked (damaged rows are never served; `mmreplay info` counts them)")
     return runs
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .format import IS_LAST, MASKED, Header, Layout, digest_multipliers, kernel
+from .format import IS_LAST, MASKED, STAMP_DTYPE, Header, Layout, digest_multipliers, kernel
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -153,11 +153,18 @@ def check_file(path: Path, layout: Layout, store_uuid: bytes, schema_hash: int,
     try:
         os.posix_fadvise(seg.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)  # the whole file read ahead at once
         ident = identity(os.fstat(seg.fileno()))
-        n = min(committed, seg.header.usable_records)
-        bad = scan(seg.header, layout, seg.stamps, seg.view, 0, n)
-        return ident, np.flatnonzero(bad).astype(np.int64)
+        return ident, check_view(seg.header, layout, seg.bytes, committed)
     finally:
         seg.close()
+
+
+def check_view(h: Header, layout: Layout, view: np.ndarray, committed: int) -> np.ndarray:
+    """Damaged slots of the first ``committed`` rows of a segment whose whole file is mapped at
+    ``view`` (uint8; its header ``h`` read and checked already): ``check_file`` on a mapping the
+    caller holds."""
+    stamps = np.ndarray((layout.segment_records,), STAMP_DTYPE, buffer=view, offset=layout.stamps_offset)
+    n = min(committed, h.usable_records)
+    return np.flatnonzero(scan(h, layout, stamps, view, 0, n)).astype(np.int64)
 
 
 def usable_cores() -> int:
@@ -175,6 +182,12 @@ class CheckJob:
     committed: int
     sealed: bool = True
     """A sealed segment (its check is remembered in the catalog); else a dead writer's open one."""
+    mapped: tuple[Header, np.ndarray, tuple[int, ...]] | None = None
+    """``(header, bytes, identity when mapped)`` of the caller's own shared mapping of the whole
+    file, held for the check (``run_all`` only): checked in place while the file at that name is
+    still that inode at that size (else read from the file), with no second mapping, and the pages
+    the check reads are then mapped for the caller's next reads. The identity recorded is the
+    file's at the check, taken before its bytes are read."""
 
 
 class Checker:
@@ -285,6 +298,11 @@ class Checker:
         from ..core.errors import CorruptSegmentError
 
         try:
+            if job.mapped is not None:
+                header, view, mapped_ident = job.mapped
+                st = os.stat(self.dir / job.name)  # the identity first, then the bytes (as check_file)
+                if (st.st_ino, st.st_size) == tuple(mapped_ident[:2]):  # the file mapped (maybe written since)
+                    return identity(st), check_view(header, self.layout, view, job.committed)
             return check_file(self.dir / job.name, self.layout, self.store_uuid, self.schema_hash, job.committed)
         except CorruptSegmentError as exc:
             return None, str(exc)
@@ -302,6 +320,8 @@ class Checker:
 
     # -- the background thread ------------------------------------------------------------
     def submit(self, jobs: list[CheckJob]) -> None:
+        if any(job.mapped is not None for job in jobs):
+            raise ValueError("a background check reads the file itself: a caller's mapping may move meanwhile")
         with self._cv:
             self._queue.extend(jobs)
             self._cv.notify()

@@ -84,6 +84,8 @@ class _Mapped:
     """Its damaged rows, patched out of this reader's view."""
     dead: bool = False
     """An open segment whose writer was dead when this reader mapped it (checked like a sealed one)."""
+    ident: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """The identity (``checks.identity``) of the file its window maps."""
 
 
 class StoreReader:
@@ -172,7 +174,7 @@ class StoreReader:
                 raise
         finally:
             os.close(fd)
-        m = _Mapped(name, header, window, 0, 0)
+        m = _Mapped(name, header, window, 0, 0, ident=ident)
         self._read_control(m)
         if not m.version and self.checker is not None:  # both control slots damaged
             rows = self.checker.catalogued_rows(name)
@@ -205,6 +207,7 @@ class StoreReader:
         fd = os.open(self.dir / m.name, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._map_window(m, fd)
+            m.ident = identity(os.fstat(fd))
         finally:
             os.close(fd)
         self.advise(m)
@@ -251,7 +254,15 @@ class StoreReader:
         todo = [m for m in self.segments.values() if m.pending and not m.queued]
         self._unstarted = False  # every one is checked or queued below
         if todo and not c.busy() and sum(m.committed for m in todo) * self.layout.record_bytes <= SYNC_CHECK_BYTES:
-            for m, result in zip(todo, c.run_all([CheckJob(m.name, m.committed, not m.dead) for m in todo])):
+            # checked in place, through this reader's windows (no window moves until run_all returns:
+            # this thread holds the lock): the pages the check reads are then mapped for the first reads
+            size = self.layout.file_size
+            for m in todo:
+                self.region.advise(m.window, size, MADV_WILLNEED)  # the whole file read ahead at once
+            jobs = [CheckJob(m.name, m.committed, not m.dead,
+                             mapped=None if m.patch is not None else (m.header, self.window_bytes(m.window), m.ident))
+                    for m in todo]  # (a patched window is a private copy: the file is read instead)
+            for m, result in zip(todo, c.run_all(jobs)):
                 self._checked(m, *result)
             applied = True
         elif todo:
@@ -260,6 +271,12 @@ class StoreReader:
             for m in todo:
                 m.queued = True
         return applied
+
+    def window_bytes(self, window: int) -> np.ndarray:
+        """The bytes of the file mapped in ``window`` (uint8, the file's size): valid while it maps
+        that file (under this reader's lock)."""
+        off = window * self.region.slot_bytes
+        return self.bytes[off : off + self.layout.file_size]
 
     def _checked(self, m: _Mapped, ident: tuple[int, ...] | None, result: np.ndarray | str) -> None:
         m.pending = m.queued = False

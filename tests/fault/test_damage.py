@@ -274,6 +274,58 @@ def test_the_check_kernel_agrees_with_the_crc32c_package():
             assert crc_update(seed, buf, 3, 3 + n, TABLE) == crc32c.crc32c(buf[3 : 3 + n].tobytes(), seed)
 
 
+def test_the_check_kernels_two_crc32c_steps_agree_with_the_crc32c_package():
+    """The kernels' crc runs on the CPU's crc32c instruction where numba can emit it, else on the
+    slice-by-8 table: both steps, and the fused crc-and-digests pass, give the package's crc."""
+    import crc32c
+    import numba
+
+    from mmreplay.storage import check_kernel as k
+    from mmreplay.storage.format import digest_multipliers
+
+    @numba.njit
+    def table_crc(words, t):
+        c = np.uint32(0xFFFFFFFF)
+        for x in words:
+            c = k._step8(c, np.uint32(x & np.uint64(0xFFFFFFFF)), np.uint32(x >> np.uint64(32)), t)
+        return c ^ np.uint32(0xFFFFFFFF)
+
+    @numba.njit
+    def chosen_crc(words, t):
+        c = np.uint32(0xFFFFFFFF)
+        for x in words:
+            c = k._crc8(c, x, t)
+        return c ^ np.uint32(0xFFFFFFFF)
+
+    words = np.random.default_rng(1).integers(0, 2**63, 4099, dtype=np.int64).view(np.uint64)
+    want = crc32c.crc32c(words.tobytes())
+    assert table_crc(words, k.TABLE) == want and chosen_crc(words, k.TABLE) == want
+    row_words = 17  # 4,096 rows: the fused pass gives the crc and each row's digest
+    mults = digest_multipliers(row_words)
+    out = np.empty(241, np.uint64)
+    assert k.crc_and_digests(7, words, 0, 241, row_words, mults, k.TABLE, out) == crc32c.crc32c(
+        words[: 241 * row_words].tobytes(), 7)
+    assert np.array_equal(out, (words[: 241 * row_words].reshape(241, row_words) @ mults) >> np.uint64(32))
+
+
+def test_a_segment_written_after_a_reader_mapped_it_is_checked_as_it_is_now(tmp_path):
+    """A reader checks a small backlog through its own mappings: a file written in place after it
+    mapped it (same inode) is checked as it is at the check, and recorded under the identity it
+    has then, so a later reader trusts the record (no re-check) and masks the same row."""
+    path = tmp_path / "s"
+    _sealed_store(tmp_path / "written", segments=3)
+    shutil.copytree(tmp_path / "written", path)  # copies: no check of them recorded (their writer's may be)
+    with mmreplay.open_store(path, mode="a") as s:  # maps now, checks at its first refresh
+        assert s.check_counts()["checked_segments"] == 0
+        damage(segs(path)[1], 7)
+        s.refresh()
+        assert s.check_counts()["damaged_rows"] == 1
+        assert 64 + 7 not in set(s.transition_ids().tolist())
+    with mmreplay.open_store(path, mode="r") as r:
+        assert r.check_counts()["checked_segments"] == 0  # the record matches the file as it is
+        assert r.check_counts()["damaged_rows"] == 1 and 64 + 7 not in set(r.transition_ids().tolist())
+
+
 assert PAGE_SIZE == CONTROL_OFFSET  # the regions above assume the control page follows the header page
 
 
