@@ -137,7 +137,7 @@ def crc_update(crc, buf, lo, hi, t):  # pragma: no cover - compiled
 def crc_and_digests(crc, words, base, nrows, row_words, mults, t, out):  # pragma: no cover - compiled
     """``crc_update`` over ``nrows`` whole-word records starting at word ``base`` of ``words``
     (uint64), and each record's ``row_digest`` into ``out``, in one pass: the digest's multiplies
-    overlap the crc's table lookups, so the digests cost the check almost nothing."""
+    overlap the crc steps, so the digests cost the check almost nothing."""
     c = np.uint32(crc) ^ np.uint32(0xFFFFFFFF)
     idx = base
     for r in range(nrows):
