@@ -144,7 +144,7 @@ def device_tier_row(args: argparse.Namespace, device: torch.device, store: mmrep
     for r in range(args.rounds):
         tier = DeviceTier(mmreplay.UniformSampler(store, frame_stack=4, seed=r), device)
         tier.refresh()
-        vals.append(timed(lambda: tier.sample(batch), args.seconds, device))
+        vals.append(timed(lambda t=tier: t.sample(batch), args.seconds, device))
         del tier
     med = float(np.median(vals))
     print(f"| data | {batch} | device tier | {med:,.0f} batches/s | {med / sync_rate:.2f}x |"

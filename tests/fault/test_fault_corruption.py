@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from _children import SCHEMA, check_rows
 from click.testing import CliRunner
-from test_fault_kill import CHILD, assert_prefix, visible_rows
+from test_fault_kill import CHILD, visible_rows
 
 import mmreplay
 from mmreplay import CorruptSegmentError, CorruptStoreError, FormatVersionError
