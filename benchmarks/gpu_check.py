@@ -92,7 +92,7 @@ def learner_rows(args: argparse.Namespace, device: torch.device) -> list[dict[st
                               device=str(device), cuda_graphs=graphs)
             torch.manual_seed(0)
             learner = QLearner(cfg, spec, device, dqn_loss)
-            ups = timed(lambda: learner.update(b), args.seconds, device, warmup=8)
+            ups = timed(lambda lr=learner, b=b: lr.update(b), args.seconds, device, warmup=8)
             row = {"part": "learner", "batch": batch, "mode": "graphs" if graphs else "eager", "updates_per_s": ups}
             if graphs:
                 row["captured"] = bool(learner.update.enabled)

@@ -393,7 +393,7 @@ def work_mm(cfg: Record) -> None:
             # (store.map_pages: what an exact-mode sampler starts in the background for a store that fits in RAM,
             # done at once here, so that every batch timed is a steady-state one)
             warm = (lambda obj: None) if "windowed" in name else (lambda obj: (kit.warm_pages(path), store.map_pages()))
-            rec = measure(make, op, cold=cold, warm=warm, batches=cfg["batches"], settle_s=cfg.get("settle_s", SETTLE_S))
+            rec = measure(make, op, cold=cold, warm=warm, batches=cfg["batches"], settle_s=cfg["settle_s"])
             emit({**tags, "what": "sample", "sampler": name, **rec})
         store.close()
         mm_passes(path, base, tags)
@@ -489,7 +489,7 @@ def work_torchrl(cfg: Record) -> None:
         for name, (sampler, op) in kinds.items():
             gc.collect()  # the previous buffer's maps are gone: its pages can be dropped
             rec = measure(lambda s=sampler: trl_open(root, cap, s()), op, cold=lambda: drop_files(files),
-                          warm=lambda rb: (read_files(files), trl_map(rb)), batches=cfg["batches"], settle_s=cfg.get("settle_s", SETTLE_S))
+                          warm=lambda rb: (read_files(files), trl_map(rb)), batches=cfg["batches"], settle_s=cfg["settle_s"])
             emit({**tags, "what": "sample", "sampler": name, **rec})
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -552,7 +552,7 @@ def work_cpprb(cfg: Record) -> None:
         cpprb_fill(rb, rows, variant == "next_of")
         emit({**tags, "what": "build", "sampler": name, "variant": variant, "transitions": rb.get_stored_size(),
               "build_s": time.perf_counter() - t0})
-        rec = measure(lambda b=rb: b, op, cold=lambda: None, warm=lambda rb: None, batches=cfg["batches"], settle_s=cfg.get("settle_s", SETTLE_S))
+        rec = measure(lambda b=rb: b, op, cold=lambda: None, warm=lambda rb: None, batches=cfg["batches"], settle_s=cfg["settle_s"])
         emit({**tags, "what": "sample", "sampler": name, "variant": variant, **rec})
         del rb
         gc.collect()

@@ -96,7 +96,7 @@ def _assigned_docstring(modname: str, name: str, depth: int = 0) -> str:
     if own or depth > 4:
         return own
     package = modname if hasattr(mod, "__path__") else modname.rsplit(".", 1)[0]
-    for node in ast.parse(inspect.getsource(mod)).body:
+    for node in pdoc.doc_ast.parse(mod).body:  # (pdoc's cached parse)
         if isinstance(node, ast.ImportFrom) and node.level:
             base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
             source = f"{base}.{node.module}" if node.module else base
@@ -115,12 +115,13 @@ def _doc_module(modname: str):
     doc = pdoc.doc.Module.from_name(modname)
     mod = doc.obj
     if "members" not in doc.__dict__:  # not rendered yet: its members read these docstrings
-        docstrings = doc._var_docstrings
+        docstrings = dict(doc._var_docstrings)  # a copy: pdoc's parse cache keeps the source's own
         for attr in getattr(mod, "__all__", ()):
             if attr not in docstrings and not _is_code(getattr(mod, attr, None)):
                 found = _assigned_docstring(modname, attr)
                 if found:
                     docstrings[attr] = found
+        doc.__dict__["_var_docstrings"] = docstrings  # (a cached_property: this instance's value)
     return doc
 
 

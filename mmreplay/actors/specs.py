@@ -86,8 +86,8 @@ class PolicySpec:
 class WriterSpec:
     """Where the rows go and how they are kept: the store (``None``: none here, for
     :func:`mmreplay.cluster.ray_collect`, whose rows then stay in the archive), its sizing when a run
-    creates it (``capacity`` rows kept, ``segment_records`` rows per segment file; ``None``: about
-    32 MiB), the writers' ``durability`` (what a crash can lose) and ``metadata`` recorded in a new
+    creates it (``capacity`` rows kept, ``segment_records`` rows per segment file; ``None``: the
+    store's default, ``create_store``'s), the writers' ``durability`` (what a crash can lose) and ``metadata`` recorded in a new
     store."""
 
     store: str | None

@@ -64,7 +64,7 @@ class BatchLoader:
         Batches prepared ahead, all workers together (buffers: ``ceil(prefetch / workers) + 2``
         per worker).
     float_dtype
-        Cast float fields (and uint8 observations) to this torch dtype on the device; ``None``
+        Cast float and uint8 fields (frames, and any other uint8 field) to this torch dtype on the device; ``None``
         keeps the stored dtypes (uint8 frames stay uint8).
     profile
         Record the consumer's wait for each batch (see ``stats``).

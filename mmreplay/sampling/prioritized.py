@@ -37,7 +37,7 @@ import contextlib
 import errno
 import io
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -140,6 +140,18 @@ class PrioritizedSampler(TransitionSampler):
         self._load()
 
     # -- keeping the tree in step with the store --------------------------------------------
+    @property
+    def beta0(self) -> float:
+        """The importance-sampling exponent at the start (the ``beta`` argument)."""
+        return self._beta0
+
+    @property
+    def tree(self) -> Any:
+        """The sum tree over the rows' priorities ``p^alpha``, one leaf per slot of each segment the
+        sampler holds (``leaves()``, ``total``): to read; priorities change through
+        ``update_priorities``."""
+        return self._tree
+
     @property
     def beta(self) -> float:
         """The importance-sampling exponent now: ``beta`` annealed linearly to ``beta_final`` over

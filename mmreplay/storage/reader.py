@@ -441,7 +441,8 @@ class StoreReader:
             return n
         msg = f"{self.dir / m.name}: row {good} fails its stamp or crc32c check"
         if self.verify == "strict":
-            raise CorruptSegmentError(msg, hint="run `mmreplay verify --repair`, or open with verify='salvage'")
+            raise CorruptSegmentError(msg, hint="run `mmreplay verify --repair`, or open with verify='salvage'",
+                                     kind="rows")
         log.warning("%s; rows from there on are left out (verify='salvage')", msg)
         self.skipped[m.name] = msg
         return good

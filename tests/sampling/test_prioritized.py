@@ -61,12 +61,12 @@ def test_rows_from_another_process_enter_on_refresh(store):
     fill(store, steps=5)
     reader = mmreplay.open_store(store.path)
     ps = PrioritizedSampler(reader, seed=0, refresh_interval_s=0.0)
-    n0 = (ps._tree.leaves() > 0).sum()
+    n0 = (ps.tree.leaves() > 0).sum()
     with store.writer(lanes=2) as w:
         for t in range(5, 10):
             w.add(**step(2, t))
     ps.sample(8)
-    assert (ps._tree.leaves() > 0).sum() == len(reader.transition_ids()) > n0
+    assert (ps.tree.leaves() > 0).sum() == len(reader.transition_ids()) > n0
     reader.close()
 
 
@@ -83,8 +83,8 @@ def test_evicted_rows_leave_the_tree(tmp_path, schema):
     b = ps.sample(2000)
     live = set(s.transition_ids().tolist())
     assert set(b.ids.tolist()) <= live
-    assert (ps._tree.leaves() > 0).sum() == len(live)
-    np.testing.assert_allclose(ps._tree.total, ps._tree.leaves().sum())
+    assert (ps.tree.leaves() > 0).sum() == len(live)
+    np.testing.assert_allclose(ps.tree.total, ps.tree.leaves().sum())
     s.close()
 
 

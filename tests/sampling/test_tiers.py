@@ -345,7 +345,7 @@ def test_prioritized_windowed_swaps_keep_priorities(big):
         assert seg_of(big, b.ids) <= set(ps.tier_stats()["resident_ids"])
         ps.finish_swap()
     np.testing.assert_allclose(ps.priorities(ids), (td + ps.eps) ** ps.alpha)
-    np.testing.assert_allclose(ps._tree.total, ps._tree.leaves().sum())
+    np.testing.assert_allclose(ps.tree.total, ps.tree.leaves().sum())
     ps.close()
 
 
