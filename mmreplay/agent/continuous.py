@@ -41,8 +41,8 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
 
 def is_continuous(schema: Schema) -> bool:
-    """True when the schema's ``action`` field holds continuous (Box) actions: a float dtype."""
-    return "action" in schema and schema["action"].dtype.kind == "f"
+    """True when the schema's ``action`` field holds continuous (Box) actions (``Schema.box_actions``)."""
+    return schema.box_actions
 
 
 def _mlp(sizes: list[int], out_act: nn.Module | None = None) -> nn.Sequential:

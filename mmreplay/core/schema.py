@@ -163,6 +163,11 @@ class Schema:
         return self._order[0]
 
     @property
+    def box_actions(self) -> bool:
+        """Whether the ``action`` field holds continuous (Box) actions: a float dtype."""
+        return "action" in self and self["action"].dtype.kind == "f"
+
+    @property
     def obs_names(self) -> tuple[str, ...]:
         """Observation fields: ``obs`` and ``obs/...``."""
         return self._order[1]

@@ -16,13 +16,13 @@ import functools
 import inspect
 import sys
 from collections.abc import Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
 from .algos import action_kind, get, names
 from .algos.dqn import ALGORITHM as _DEFAULT
-from .settings import GROUPS, ActingConfig, HardwareConfig, ReplayConfig, ReportConfig, TrainConfig
+from .settings import GROUPS, setting_groups, ActingConfig, HardwareConfig, ReplayConfig, ReportConfig, TrainConfig
 
 
 RUN_PRESETS: dict[str, dict[str, Any]] = {
@@ -55,20 +55,11 @@ def with_settings(cfg: TrainConfig, **settings: Any) -> TrainConfig:
 def _refuse_foreign(algorithm: Any, settings: Mapping[str, Any]) -> None:
     """``ValueError`` naming the first of ``settings`` that neither the run nor ``algorithm`` has (and
     whose algorithm it is, when it is one's): never dropped in silence."""
-    foreign = sorted(set(settings) - set(_leaf_names()) - set(algorithm.config.field_names()) - {"algo"})
+    foreign = sorted(set(settings) - set(setting_groups()) - set(algorithm.config.field_names()) - {"algo"})
     if foreign:
         owners = [n for n in names() if foreign[0] in get(n).config.field_names()]
         raise ValueError(f"`{foreign[0]}` is not a setting of --algo {algorithm.name}"
                          + (f" (it is {', '.join(owners)}'s)" if owners else ""))
-
-
-@functools.cache
-def _leaf_names() -> dict[str, str | None]:
-    """Each run setting's name -> its group (``None``: a field of TrainConfig itself); cached: read it only."""
-    out: dict[str, str | None] = {f.name: None for f in fields(TrainConfig) if f.name not in GROUPS}
-    for group, cls in GROUPS.items():
-        out.update({f.name: group for f in fields(cls)})
-    return out
 
 
 def algo_field_names() -> set[str]:
@@ -91,7 +82,7 @@ def from_flat(values: Mapping[str, Any]) -> TrainConfig:
     own = set(algorithm.config.field_names())
     if "target_update_interval" in values and values["target_update_interval"] is None:
         values["target_update_interval"] = 1000 if values.get("offline") else 128
-    leaves = _leaf_names()
+    leaves = setting_groups()
     top: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
     algo: dict[str, Any] = {}
@@ -182,13 +173,13 @@ def config_for(env_id: str | None = None, *, family: str | None = None, **option
     if given.pop("resume", False):
         run_dir = given.pop("run_dir", None)
         if run_dir is None:
-            run_dir = str(default_run_dir(from_flat({k: v for k, v in given.items() if k in _leaf_names()
+            run_dir = str(default_run_dir(from_flat({k: v for k, v in given.items() if k in setting_groups()
                                                      or k == "algo"})))
         return resume_config(run_dir, **given)
     algorithm = get(given.get("algo") or DEFAULT_ALGO)
     _refuse_foreign(algorithm, given)
     fam = family or family_of(given)
-    run = {**RUN_PRESETS[fam], **{k: v for k, v in given.items() if k in _leaf_names()}}
+    run = {**RUN_PRESETS[fam], **{k: v for k, v in given.items() if k in setting_groups()}}
     values = {**run, **algorithm.config.preset(fam, run), **given, "algo": algorithm.name}
     return from_flat(values)
 
@@ -214,8 +205,9 @@ def continuous_config(algo: str, **overrides: Any) -> TrainConfig:
     return config_for(family="box", algo=algo, **overrides)
 
 
-_POSITIVE = ("steps", "num_envs", "envs_per_actor", "capacity", "n_step", "frame_stack", "publish_every", "prefetch")
-_NATURAL = ("eval_every", "eval_episodes", "log_every", "checkpoint_every", "actors")
+_POSITIVE = ("steps", "num_envs", "envs_per_actor", "capacity", "n_step", "frame_stack", "publish_every", "prefetch",
+             "threads", "segment_records")  # (None: the default)
+_NATURAL = ("eval_every", "eval_episodes", "log_every", "checkpoint_every", "actors", "max_episode_steps")
 
 
 def validate_config(cfg: TrainConfig) -> None:
@@ -225,7 +217,7 @@ def validate_config(cfg: TrainConfig) -> None:
         if flat[name] is not None and int(flat[name]) < 1:
             raise ValueError(f"`{name}` must be >= 1, got {flat[name]}")
     for name in _NATURAL:
-        if flat[name] < 0:
+        if flat[name] is not None and flat[name] < 0:
             raise ValueError(f"`{name}` must be >= 0, got {flat[name]}")
     algorithm = get(cfg.algo.name)
     if type(cfg.algo) is not algorithm.config:

@@ -195,11 +195,13 @@ def train_online(cfg: TrainConfig, stop: Any = None) -> TrainResult:
 
 
 def make_learner(cfg: TrainConfig, store: Any, device: Any, eval_env: str | None = None,
-                 n_actions: int | None = None) -> Any:
+                 n_actions: int | None = None, *, kind: str | None = None) -> Any:
     """The learner of ``cfg.algo``'s algorithm for ``store``'s actions (its registry entry builds it);
     one ``ValueError`` when the algorithm cannot learn them. Discrete actions: ``n_actions`` (the env's),
-    else counted from the eval env or the store (``offline_n_actions``)."""
-    kind = check_fits(cfg.algo.name, store.schema, str(cfg.archive or cfg.store))
+    else counted from the eval env or the store (``offline_n_actions``). ``kind``: what ``check_fits``
+    returned, when the caller checked already."""
+    if kind is None:
+        kind = check_fits(cfg.algo.name, store.schema, str(cfg.archive or cfg.store))
     if kind == "discrete" and n_actions is None:
         n_actions = offline_n_actions(store, eval_env, cfg)
     return get(cfg.algo.name).learner(LearnerSetup(cfg, store, device, eval_env, n_actions), kind)
@@ -407,7 +409,7 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
     else:
         store = open_store(cfg.store, mode="r")
     try:
-        check_fits(cfg.algo.name, store.schema, str(cfg.archive or cfg.store))
+        kind = check_fits(cfg.algo.name, store.schema, str(cfg.archive or cfg.store))
         if store.num_rows == 0 and not store.wait_for_rows():  # said before the run directory is made
             from ..core.errors import EmptyStoreError
 
@@ -423,7 +425,7 @@ def train_offline(cfg: TrainConfig, stop: Any = None) -> TrainResult:
             log.info("checked in %.1f s (%.2f GB/s)", secs, gb / max(secs, 1e-9))
         eval_env = cfg.report.eval_env or cfg.env_id or store.metadata.get("env_id")
         check_eval_env(store, eval_env, cfg)  # one line, before anything starts
-        learner = make_learner(cfg, store, run.device, eval_env)
+        learner = make_learner(cfg, store, run.device, eval_env, kind=kind)
         if run.payload:
             learner.load(run.payload)
             restore_torch_rng(run.payload)

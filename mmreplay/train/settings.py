@@ -8,6 +8,7 @@ algorithm's config (``mmreplay.train.config.from_flat`` maps names onto places).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -116,6 +117,16 @@ class HardwareConfig:
 
 GROUPS = {"replay": ReplayConfig, "acting": ActingConfig, "report": ReportConfig, "hardware": HardwareConfig}
 """TrainConfig's groups of settings: attribute name -> dataclass."""
+
+
+@functools.cache
+def setting_groups() -> dict[str, str | None]:
+    """Each run setting's name (``algo`` included) -> its group (``None``: a field of
+    :class:`TrainConfig` itself); cached: read it only."""
+    out: dict[str, str | None] = {f.name: None for f in fields(TrainConfig) if f.name not in GROUPS}
+    for group, cls in GROUPS.items():
+        out.update({f.name: group for f in fields(cls)})
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,3 +216,35 @@ def test_every_registered_algorithm_has_one_module_with_its_config_and_entry():
         text = path.read_text()
         assert f"class {algo.config.__name__}" in text and "ALGORITHM = Algorithm(" in text, path
         assert registry.count(f"register({module.rsplit('.', 1)[1]}.ALGORITHM)") == 1, name
+
+
+@pytest.mark.parametrize("family,env_id,want", [
+    ("atari", "ALE/Pong-v5", dict(learning_rate=1e-4, batch_size=32, optimizer="adam")),
+    ("minatar", "MinAtar/Breakout-v1", dict(learning_rate=2.5e-4, batch_size=32, optimizer="rmsprop", max_grad_norm=0.0)),
+])
+def test_discrete_behaviour_cloning_takes_the_q_networks_family_presets(family, env_id, want):
+    """BC's logits are a Q network's: the Atari and MinAtar presets of its optimizer step are DQN's."""
+    bc = config_for(env_id, offline=True, store="s", algo="bc", **{family: True}).algo
+    dqn = config_for(env_id, store="s", algo="dqn", **{family: True}).algo
+    for name, value in want.items():
+        assert getattr(bc, name) == getattr(dqn, name) == value, name
+
+
+@pytest.mark.parametrize("setting,value", [("threads", 0), ("segment_records", -5), ("max_episode_steps", -1),
+                                           ("gradient_steps", 0)])
+def test_out_of_range_counts_are_refused_by_name(setting, value):
+    from mmreplay.train import validate_config
+
+    with pytest.raises(ValueError, match=f"`{setting}` must be >= "):
+        validate_config(config_for("CartPole-v1", store="s", **{setting: value}))
+
+
+def test_an_algorithm_whose_config_names_a_run_setting_is_refused():
+    @dataclass(frozen=True, slots=True)
+    class Clash(QLearningConfig):
+        name: ClassVar[str] = "clash"
+        seed: int = 0  # a run setting's name: `--seed` would reach only one of them
+
+    with pytest.raises(ValueError, match="run settings: seed"):
+        register_algorithm(Algorithm("clash", Clash, {"discrete": lambda setup: None}))
+    assert "clash" not in algorithm_names()

@@ -38,6 +38,11 @@ def register(algorithm: Algorithm) -> Algorithm:
                          f"name {algorithm.name!r}")
     if not set(algorithm.learners) <= {"discrete", "box"} or not algorithm.learners:
         raise ValueError(f"{algorithm.name}: learners are keyed 'discrete' and/or 'box', got {sorted(algorithm.learners)}")
+    from ..settings import setting_groups  # (settings imports only .base of this package)
+
+    taken = sorted(set(algorithm.config.field_names()) & set(setting_groups()))
+    if taken:  # options and flat configs name every setting once: a clash would hide the run's setting
+        raise ValueError(f"{algorithm.config.__name__} has fields named as run settings: {', '.join(taken)}")
     _REGISTRY[algorithm.name] = algorithm
     return algorithm
 
@@ -56,8 +61,8 @@ def get(name: str) -> Algorithm:
 
 
 def action_kind(schema: Any) -> str:
-    """``"box"`` when ``schema``'s action field is a float Box, else ``"discrete"``."""
-    return "box" if "action" in schema and schema["action"].dtype.kind == "f" else "discrete"
+    """``"box"`` when ``schema``'s action field is a float Box (``Schema.box_actions``), else ``"discrete"``."""
+    return "box" if schema.box_actions else "discrete"
 
 
 def check_fits(name: str, schema: Any, where: str) -> str:

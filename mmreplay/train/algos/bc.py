@@ -12,9 +12,10 @@ picked by the store's actions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import AlgoConfig, Algorithm
+from .base import Algorithm
+from .dqn import QNetworkConfig
 
 if TYPE_CHECKING:
     import torch
@@ -26,22 +27,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class BCConfig(AlgoConfig):
-    """Behaviour cloning's settings."""
+class BCConfig(QNetworkConfig):
+    """Behaviour cloning's settings (discrete actions: a Q network's, whose logits are trained)."""
 
     name: ClassVar[str] = "bc"
     PRESETS: ClassVar = {"box": dict(learning_rate=3e-4, batch_size=256, max_grad_norm=0.0)}
 
-    optimizer: Literal["adam", "rmsprop"] = "adam"
-    """Discrete actions: ``adam``, or ``rmsprop`` (centered, as the MinAtar paper's DQN)."""
     normalize_obs: bool = True
     """Box actions: normalize observations with the dataset's mean and std (``mmreplay.field_stats``,
     over the transitions' observations, plus 1e-3)."""
-
-    def validate(self) -> None:
-        AlgoConfig.validate(self)
-        if self.optimizer not in ("adam", "rmsprop"):
-            raise ValueError(f"`optimizer` must be 'adam' or 'rmsprop', got {self.optimizer!r}")
 
 
 # -- ALGO LOGIC -----------------------------------------------------------------------------------

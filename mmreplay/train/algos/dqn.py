@@ -34,19 +34,35 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class QLearningConfig(AlgoConfig):
-    """The settings of a Q network trained on TD targets (DQN, CQL)."""
+class QNetworkConfig(AlgoConfig):
+    """The settings of a Q network's optimizer (DQN, CQL, and discrete behaviour cloning's logits),
+    with the Atari and MinAtar step presets they share."""
 
     PRESETS: ClassVar = {
-        "offline": dict(target_update_interval=1000),
-        "atari": dict(learning_rate=1e-4, batch_size=32, target_update_interval=1000),
-        "minatar": dict(optimizer="rmsprop", learning_rate=2.5e-4, batch_size=32, target_update_interval=1000,
-                        double=False, loss="huber", max_grad_norm=0.0, gamma=0.99),
+        "atari": dict(learning_rate=1e-4, batch_size=32),
+        "minatar": dict(optimizer="rmsprop", learning_rate=2.5e-4, batch_size=32, max_grad_norm=0.0),
     }
 
     optimizer: Literal["adam", "rmsprop"] = "adam"
     """``adam``, or ``rmsprop``: centered RMSprop with squared-gradient decay 0.95, momentum 0.95 and
     eps 0.01 (the MinAtar paper's DQN)."""
+
+    def validate(self) -> None:
+        AlgoConfig.validate(self)
+        if self.optimizer not in ("adam", "rmsprop"):
+            raise ValueError(f"`optimizer` must be 'adam' or 'rmsprop', got {self.optimizer!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class QLearningConfig(QNetworkConfig):
+    """The settings of a Q network trained on TD targets (DQN, CQL)."""
+
+    PRESETS: ClassVar = {
+        "offline": dict(target_update_interval=1000),
+        "atari": dict(target_update_interval=1000),
+        "minatar": dict(target_update_interval=1000, double=False, loss="huber", gamma=0.99),
+    }
+
     target_update_interval: int = 128
     """Updates between target updates (RL-zoo's CartPole setting; 1000 offline, for Atari and MinAtar)."""
     tau: float = 1.0
@@ -59,9 +75,7 @@ class QLearningConfig(AlgoConfig):
     """TD loss: Huber (smooth L1, as SB3 and the Nature paper) or squared error."""
 
     def validate(self) -> None:
-        AlgoConfig.validate(self)
-        if self.optimizer not in ("adam", "rmsprop"):
-            raise ValueError(f"`optimizer` must be 'adam' or 'rmsprop', got {self.optimizer!r}")
+        QNetworkConfig.validate(self)
         if self.target_update_interval < 1:
             raise ValueError(f"`target_update_interval` must be >= 1, got {self.target_update_interval}")
         if not 0.0 < self.tau <= 1.0:
@@ -103,11 +117,11 @@ class DQNConfig(QLearningConfig):
 
     def validate(self) -> None:
         QLearningConfig.validate(self)
-        if self.train_freq < 1:
-            raise ValueError(f"`train_freq` must be >= 1, got {self.train_freq}")
-        for name in ("gradient_steps", "learning_starts"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
+        for name in ("train_freq", "gradient_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+        if self.learning_starts < 0:
+            raise ValueError(f"`learning_starts` must be >= 0, got {self.learning_starts}")
         for name in ("start_e", "end_e", "exploration_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"`{name}` must lie in [0, 1], got {getattr(self, name)}")
